@@ -46,8 +46,9 @@ _EXPORTS = {
     "create_table": "sparseflow.table",
 }
 
-_SUBMODULES = frozenset({"checkpoint", "config", "embed", "featurespec", "lookup", "ops", "optimizers",
-                         "pipeline", "serving", "synthetic", "table", "validation"})
+_SUBMODULES = frozenset({"checkpoint", "cli", "config", "datasets", "embed", "featurespec", "jobs",
+                         "lookup", "models", "ops", "optimizers", "pipeline", "serving",
+                         "synthetic", "table", "validation"})
 
 __all__ = sorted([*_EXPORTS, "optimizers"])
 
