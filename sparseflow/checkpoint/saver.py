@@ -176,8 +176,9 @@ class Saver:
                  and os.path.isdir(os.path.join(directory, n))]
         kept = set()
         for name in names:
-            if not tf.compat.v1.train.checkpoint_exists(
-                    os.path.join(directory, name[len("sparse-"):])):
+            # A V2 checkpoint exists when its index file does (what TF's deprecated
+            # checkpoint_exists checked).
+            if not os.path.exists(os.path.join(directory, name[len("sparse-"):]) + ".index"):
                 continue
             link = name
             while link is not None and link not in kept:  # keep its chain of bases too

@@ -138,7 +138,8 @@ def merge(base: TableState, delta: TableState) -> TableState:
 
 def check_fits(table, state: TableState, source: str) -> None:
     """Raises ValueError, naming the numbers, if ``state`` cannot be applied to ``table``:
-    more keys than rows, or other optimizer slots than the table's."""
+    more keys than rows, another dim, or other optimizer slots than the table's. A table
+    without a sparse optimizer (evaluation, export) takes any checkpoint's weights."""
     processor, host = table.processor, table.rows
     n = state.keys.shape[0]
     if n > processor.row_limit:
@@ -146,6 +147,8 @@ def check_fits(table, state: TableState, source: str) -> None:
             f"Cannot restore table `{table.table_name}` from {source}: it holds {n} keys but "
             f"the table has {processor.row_limit} rows. Create it with a capacity "
             f"(device_vocabulary_size + host_vocabulary_size) of at least {n}.")
+    if not host.slot_names and state.dim == host.dim:
+        return  # an inference graph (no sparse optimizer): the weights alone are restored
     if tuple(state.slot_names) != tuple(host.slot_names) or state.dim != host.dim:
         raise ValueError(
             f"Cannot restore table `{table.table_name}` from {source}: it holds dim {state.dim} "
@@ -176,7 +179,8 @@ def apply(table, state: TableState, source: str) -> None:
         if m:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
         storage = host.allocate()
-        storage[:n] = state.values
+        # A table without optimizer slots (an inference graph) takes the weights only.
+        storage[:n] = state.values[:, :storage.shape[1]]
         processor.index = index
         processor.state[kk.STATE_INDEX_SIZE] = index.size
         processor.state[kk.STATE_NEXT_ROW] = n
