@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench clean
+.PHONY: demo demo-session test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed  ## configs/demo.yaml from scratch: DLRM on generated Criteo-shaped data
+	rm -rf runs/demo
+	$(VENV)/bin/sparseflow train configs/demo.yaml --out runs/demo
+
+demo-session: $(VENV)/.installed  ## the Rec SDK-style Session script
 	$(PY) examples/session_demo.py
 
 test: $(VENV)/.installed

@@ -1,0 +1,194 @@
+"""Builds a YAML job's tf.compat.v1 graph with sparseflow's public API only.
+
+``JobGraph.build(cfg)`` does what a user's Rec SDK script does: ``init``, one ``FeatureSpec``
+per feature and channel, ``create_table``, the datasets mapped through
+``get_asc_insert_func``, ``sparse_lookup`` + pooling, the built-in model, a sparse and a dense
+optimizer, ``start_asc_pipeline`` and a ``Saver``. The trainer (``runner.py``) drives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.jobs.data import make_dataset
+from sparseflow.jobs.schema import JobConfig
+from sparseflow.models import build_model, pool
+from sparseflow.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
+
+_SPARSE_OPTIMIZERS = {"lazy_adam": lazy_adam, "sgd": gradient_descent, "adagrad": adagrad,
+                      "ftrl": ftrl}
+_INITIALIZERS = {
+    "truncated_normal": tf.compat.v1.truncated_normal_initializer,
+    "random_normal": tf.compat.v1.random_normal_initializer,
+    "random_uniform": tf.compat.v1.random_uniform_initializer,
+    "zeros": tf.compat.v1.zeros_initializer,
+    "constant": tf.compat.v1.constant_initializer,
+    "glorot_uniform": tf.compat.v1.glorot_uniform_initializer,
+    "glorot_normal": tf.compat.v1.glorot_normal_initializer,
+}
+_SEEDED = {"truncated_normal", "random_normal", "random_uniform", "glorot_uniform",
+           "glorot_normal"}
+
+
+@dataclass
+class Tower:
+    """One channel's tensors: the batch, the loss, predicted probabilities and labels."""
+
+    batch: dict
+    loss: tf.Tensor
+    probabilities: tf.Tensor   # float32 [batch, n_labels]
+    labels: tf.Tensor          # float32 [batch, n_labels]
+
+
+@dataclass
+class JobGraph:
+    """The graph of one job; build it inside ``sparseflow.init()`` with :meth:`build`."""
+
+    cfg: JobConfig
+    graph: tf.Graph
+    tables: dict                       # table name -> SparseTable
+    model: tf.Module
+    global_step: tf.Variable
+    train_iterator: object = None      # initializable iterator, or None (eval/export only)
+    train: Tower | None = None
+    train_op: tf.Operation | None = None
+    eval_iterator: object = None
+    eval: Tower | None = None
+    saver: object = None
+    specs: dict = field(default_factory=dict)   # channel -> list of FeatureSpec
+
+    @classmethod
+    def build(cls, cfg: JobConfig, *, training: bool = True, evaluation: bool = True,
+              eval_batch_size: int | None = None) -> "JobGraph":
+        """Builds the job into the current default graph and starts the sparseflow pipeline.
+
+        Args:
+          cfg: the validated job config.
+          training: build the training input, tower and optimizers.
+          evaluation: build the eval input and tower (needs ``data.eval``).
+          eval_batch_size: eval batch size; default ``schedule.batch_size``.
+
+        Returns:
+          The :class:`JobGraph`.
+
+        Raises:
+          NotInitializedError: ``sparseflow.init()`` is not active.
+          ValueError: the data cannot be read as configured (see ``make_dataset``).
+        """
+        tf.compat.v1.set_random_seed(cfg.schedule.seed)
+        tables = {t.name: _create_table(t, cfg.schedule.seed + i)
+                  for i, t in enumerate(cfg.tables)}
+        n_labels = len(cfg.columns.labels)
+        model = build_model(cfg.model.name, cfg.model.params, n_outputs=n_labels,
+                            seed=cfg.schedule.seed)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        job = cls(cfg=cfg, graph=tf.compat.v1.get_default_graph(), tables=tables, model=model,
+                  global_step=global_step)
+        if training:
+            specs = _feature_specs(cfg, with_timestamp=True)
+            job.specs["train"] = specs
+            job.train_iterator = _iterator(cfg, "train", specs, True, cfg.schedule.batch_size)
+            job.train = job._tower(job.train_iterator.get_next(), specs, is_train=True)
+            job.train_op = job._optimize(job.train.loss)
+        if evaluation:
+            specs = _feature_specs(cfg, with_timestamp=False)
+            job.specs["eval"] = specs
+            job.eval_iterator = _iterator(cfg, "eval", specs, False,
+                                          eval_batch_size or cfg.schedule.batch_size)
+            job.eval = job._tower(job.eval_iterator.get_next(), specs, is_train=False)
+        if not model.variables:  # no tower: create the variables for the Saver to restore
+            call_on_zeros(model, cfg)
+        sf.start_asc_pipeline()
+        job.saver = sf.Saver(max_to_keep=3)
+        return job
+
+    def _tower(self, batch: dict, specs: list, *, is_train: bool) -> Tower:
+        cfg = self.cfg
+        wide_names = set(cfg.model.params.get("wide_features", ()))
+        deep, wide = [], []
+        for spec, feature in zip(specs, cfg.features):
+            emb = sf.sparse_lookup(self.tables[feature.table], spec, is_train=is_train,
+                                   batch=batch, name=f"lookup_{feature.name}")
+            pooled = pool(emb, batch[feature.index_key], feature.combiner)
+            (wide if feature.name in wide_names else deep).append(pooled)
+        dense = batch.get("dense")
+        logits = self.model(dense, deep, wide) if wide else self.model(dense, deep)
+        labels = batch["labels"]
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        return Tower(batch=batch, loss=loss, probabilities=tf.sigmoid(logits), labels=labels)
+
+    def _optimize(self, loss: tf.Tensor) -> tf.Operation:
+        dense_vars, sparse_vars = sf.get_dense_and_sparse_variable()
+        grads = tf.gradients(loss, dense_vars + sparse_vars)
+        dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
+        used = [(g, t) for g, t in zip(sparse_grads, sparse_vars) if g is not None]
+        sparse_op = _sparse_optimizer(self.cfg).apply_gradients(used)
+        dense_op = _dense_optimizer(self.cfg).apply_gradients(
+            [(g, v) for g, v in zip(dense_grads, dense_vars) if g is not None],
+            global_step=self.global_step)
+        return tf.group(dense_op, sparse_op, name="train_op")
+
+
+def call_on_zeros(model: tf.Module, cfg: JobConfig) -> tf.Tensor:
+    """Calls ``model`` once on a batch of zeros shaped as ``cfg`` feeds it, which creates its
+    variables; returns the logits."""
+    wide_names = set(cfg.model.params.get("wide_features", ()))
+    deep, wide = [], []
+    for feature in cfg.features:
+        dim = cfg.table(feature.table).dim
+        (wide if feature.name in wide_names else deep).append(tf.zeros([1, dim]))
+    dense = tf.zeros([1, len(cfg.columns.dense)]) if cfg.columns.dense else None
+    return model(dense, deep, wide) if wide else model(dense, deep)
+
+
+def _create_table(entry, seed: int):
+    init_cls = _INITIALIZERS[entry.initializer.name]
+    params = dict(entry.initializer.params)
+    if entry.initializer.name in _SEEDED:
+        params["seed"] = seed
+    kwargs = {"admission_counter": entry.admission_counter}
+    return sf.create_table(tf.int64, tf.TensorShape([entry.dim]), entry.name, init_cls(**params),
+                           device_vocabulary_size=entry.vocabulary_size, **kwargs)
+
+
+def _feature_specs(cfg: JobConfig, *, with_timestamp: bool) -> list:
+    """One FeatureSpec per feature (same order as ``cfg.features``), then the timestamp."""
+    specs = []
+    for feature in cfg.features:
+        table = cfg.table(feature.table)
+        specs.append(sf.FeatureSpec(
+            feature.name, table_name=feature.table, index_key=feature.index_key,
+            access_threshold=table.access_threshold,
+            eviction_threshold=table.eviction_threshold,
+            faae_coefficient=feature.faae_coefficient))
+    if with_timestamp and cfg.columns.timestamp:
+        specs.append(sf.FeatureSpec(f"{cfg.columns.timestamp}__timestamp",
+                                    index_key=cfg.columns.timestamp, is_timestamp=True))
+    return specs
+
+
+def _iterator(cfg: JobConfig, split: str, specs: list, is_training: bool, batch_size: int):
+    dataset = make_dataset(cfg.data, cfg.columns, split, batch_size=batch_size,
+                           seed=cfg.schedule.seed, repeat=is_training)
+    # A sequential map: with admission on, a parallel map would let the batch on which a key
+    # is admitted depend on thread timing (README, "Parallel map").
+    dataset = dataset.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=is_training))
+    return tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
+
+
+def _sparse_optimizer(cfg: JobConfig):
+    opt = cfg.sparse_optimizer
+    return _SPARSE_OPTIMIZERS[opt.name].create_hash_optimizer(
+        learning_rate=opt.learning_rate, **opt.params)
+
+
+def _dense_optimizer(cfg: JobConfig):
+    opt = cfg.dense_optimizer
+    train = tf.compat.v1.train
+    builders = {"adam": train.AdamOptimizer, "sgd": train.GradientDescentOptimizer,
+                "adagrad": train.AdagradOptimizer, "ftrl": train.FtrlOptimizer}
+    return builders[opt.name](learning_rate=opt.learning_rate, **opt.params)

@@ -1,0 +1,283 @@
+"""Runs a YAML job: ``train``, ``evaluate`` and ``export``.
+
+``train`` resumes from the newest checkpoint in ``<output.dir>/checkpoints`` when there is one
+(the step counter is saved with it, so ``max_steps`` counts the whole run), evaluates every
+``eval_every`` steps and at the end, checkpoints every ``save_every`` steps and at the end,
+evicts every ``eviction.every_steps`` steps, writes TensorBoard scalars and ``summary.json`` to
+the output directory, and returns the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import IO, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.jobs.graph import JobGraph
+from sparseflow.jobs.progress import Progress, format_table
+from sparseflow.jobs.schema import JobConfig
+from sparseflow.jobs.summaries import ScalarWriter, input_wait_seconds, traced_run_options
+from sparseflow.synthetic import auc
+
+CHECKPOINT_SUBDIR = "checkpoints"
+SUMMARY_FILE = "summary.json"
+# One traced step (per-op timing) in this many: enough samples for the input-wait share
+# without the tracing cost showing in the throughput (traced steps are not timed).
+_TRACE_EVERY = 25
+
+
+@contextlib.contextmanager
+def job_graph(cfg: JobConfig, **build_args) -> Iterator[JobGraph]:
+    """A fresh graph with sparseflow initialized and the job built; torn down on exit."""
+    sf.terminate_config_initializer()
+    with tf.Graph().as_default():
+        sf.init()
+        try:
+            yield JobGraph.build(cfg, **build_args)
+        finally:
+            sf.terminate_config_initializer()
+
+
+def output_dir(cfg: JobConfig) -> str:
+    """``output.dir`` as an absolute path (relative paths are taken from the working dir)."""
+    return os.path.abspath(os.path.expanduser(cfg.output.dir))
+
+
+def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = None) -> dict:
+    """Trains the job to ``schedule.max_steps`` and returns the run's summary.
+
+    Args:
+      cfg: the validated job config.
+      stream: progress and log output; default ``sys.stdout``.
+      tty: force the progress bar on or off; default: whether ``stream`` is a terminal.
+
+    Returns:
+      The summary also written to ``<output.dir>/summary.json``: steps, samples, seconds,
+      samples/s, input-wait share, last training loss, evaluation metrics, per-table
+      statistics and the final checkpoint.
+
+    Raises:
+      ValueError: the data cannot be read as configured.
+      tf.errors.OpError: TensorFlow failed while running the step.
+    """
+    stream = stream if stream is not None else sys.stdout
+    out = output_dir(cfg)
+    ckpt_dir = os.path.join(out, CHECKPOINT_SUBDIR)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+    sched = cfg.schedule
+    has_eval = has_eval_split(cfg)
+    writer = ScalarWriter(out if cfg.output.tensorboard else None)
+    with job_graph(cfg, training=True, evaluation=has_eval) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(job.train_iterator.initializer)
+        latest = sf.latest_checkpoint(ckpt_dir)
+        if latest:
+            job.saver.restore(sess, latest)
+            stream.write(f"resumed from {latest}\n")
+        step = int(sess.run(job.global_step))
+        start_step = step
+        progress = Progress(sched.max_steps, stream, tty)
+        timed_seconds, timed_steps, losses = 0.0, 0, []
+        waits, traced_seconds = [], []
+        eval_metrics: dict = {}
+        last_saved = None
+        fetches = [job.train_op, job.train.loss]  # each run adds 1 to the global step
+        while step < sched.max_steps:
+            traced = (step - start_step) % _TRACE_EVERY == _TRACE_EVERY - 1
+            begin = time.perf_counter()
+            if traced:
+                meta = tf.compat.v1.RunMetadata()
+                _, loss = sess.run(fetches, options=traced_run_options(), run_metadata=meta)
+                traced_seconds.append(time.perf_counter() - begin)
+                waits.append(input_wait_seconds(meta))
+            else:
+                _, loss = sess.run(fetches)
+                if step > start_step:  # the first step compiles kernels and allocates
+                    timed_seconds += time.perf_counter() - begin
+                    timed_steps += 1
+            step += 1
+            losses.append(float(loss))
+            if sched.eviction.every_steps and step % sched.eviction.every_steps == 0:
+                sf.evict()
+            if step % sched.log_every == 0 or step == sched.max_steps:
+                rate = timed_steps / timed_seconds if timed_seconds else 0.0
+                window = float(np.mean(losses[-sched.log_every:]))
+                progress.update(step, rate, window)
+                writer.scalars(step, {"train/loss": window, "train/steps_per_sec": rate,
+                                      **_table_scalars(job)})
+            if has_eval and sched.eval_every and step % sched.eval_every == 0 \
+                    and step < sched.max_steps:
+                eval_metrics = _evaluate(sess, job)
+                progress.message(_eval_line(step, eval_metrics))
+                writer.scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+            if sched.save_every and step % sched.save_every == 0 and step < sched.max_steps:
+                last_saved = _save(sess, job, ckpt_dir, step)
+        progress.close()
+        if has_eval:
+            eval_metrics = _evaluate(sess, job)
+            stream.write(_eval_line(step, eval_metrics) + "\n")
+            writer.scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+        if step > start_step or last_saved is None:
+            last_saved = _save(sess, job, ckpt_dir, step)
+        wait_share = (sum(waits) / sum(traced_seconds)) if traced_seconds else None
+        if wait_share is not None:
+            writer.scalars(step, {"train/input_wait_share": wait_share})
+        summary = {
+            "name": cfg.name, "steps": step, "steps_this_run": step - start_step,
+            "batch_size": sched.batch_size,
+            "samples_this_run": (step - start_step) * sched.batch_size,
+            "train_seconds_timed": timed_seconds, "timed_steps": timed_steps,
+            "samples_per_sec": (timed_steps * sched.batch_size / timed_seconds
+                                if timed_seconds else None),
+            "input_wait_share": wait_share,
+            "train_loss": float(np.mean(losses[-sched.log_every:])) if losses else None,
+            "eval": eval_metrics,
+            "tables": {name: t.stats() for name, t in job.tables.items()},
+            "checkpoint": last_saved,
+        }
+    writer.close()
+    with open(os.path.join(out, SUMMARY_FILE), "w") as f:
+        json.dump(summary, f, indent=2, default=_json_scalar)
+    stream.write(summary_text(summary) + "\n")
+    return summary
+
+
+def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None) -> dict:
+    """Evaluates a checkpoint on the job's eval split.
+
+    Args:
+      cfg: the validated job config (its ``data.eval`` split is read).
+      checkpoint: a checkpoint prefix, or a directory holding checkpoints (the newest is used).
+
+    Returns:
+      dict: ``loss``, ``auc`` (first label), ``auc/<label>`` per label, ``batches``.
+
+    Raises:
+      ValueError: no checkpoint at ``checkpoint``, or the job has no eval split.
+    """
+    stream = stream if stream is not None else sys.stdout
+    prefix = resolve_checkpoint(checkpoint)
+    with job_graph(cfg, training=False, evaluation=True) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        job.saver.restore(sess, prefix)
+        metrics = _evaluate(sess, job)
+    stream.write(_eval_line(None, metrics) + "\n")
+    return metrics
+
+
+def _save(sess, job: JobGraph, ckpt_dir: str, step: int) -> str:
+    # No meta graph: the job rebuilds its graph from the config, and the table collection
+    # holds Python objects a MetaGraphDef cannot store.
+    return job.saver.save(sess, os.path.join(ckpt_dir, "model"), global_step=step,
+                          write_meta_graph=False)
+
+
+def has_eval_split(cfg: JobConfig) -> bool:
+    """Whether the job's data has an eval split."""
+    data = cfg.data
+    if data.source == "generator":
+        return data.generator.eval_rows > 0
+    if data.source == "movielens":
+        return data.movielens.eval_fraction > 0
+    return bool(data.eval)
+
+
+def resolve_checkpoint(checkpoint: str) -> str:
+    """A checkpoint prefix from a prefix or a directory (its newest checkpoint, also looking in
+    its ``checkpoints/`` subdirectory, where ``train`` writes them).
+
+    Raises:
+      ValueError: nothing restorable there.
+    """
+    path = os.path.abspath(os.path.expanduser(str(checkpoint)))
+    if os.path.isdir(path):
+        for directory in (path, os.path.join(path, CHECKPOINT_SUBDIR)):
+            latest = sf.latest_checkpoint(directory)
+            if latest:
+                return latest
+    elif os.path.exists(path + ".index"):
+        return path
+    raise ValueError(f"Argument `checkpoint` must be a checkpoint prefix or a directory holding "
+                     f"checkpoints (e.g. the job's output directory). Received: {checkpoint!r}")
+
+
+def _json_scalar(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _evaluate(sess, job: JobGraph) -> dict:
+    """Loss and AUC over the eval split (or ``eval_steps`` batches of it)."""
+    sess.run(job.eval_iterator.initializer)
+    limit = job.cfg.schedule.eval_steps or None
+    losses, probs, labels = [], [], []
+    while limit is None or len(losses) < limit:
+        try:
+            loss, p, y = sess.run([job.eval.loss, job.eval.probabilities, job.eval.labels])
+        except tf.errors.OutOfRangeError:
+            break
+        losses.append(loss)
+        probs.append(p)
+        labels.append(y)
+    if not losses:
+        raise ValueError("The eval split produced no batch: it has fewer rows than "
+                         f"schedule.batch_size ({job.cfg.schedule.batch_size}).")
+    p, y = np.concatenate(probs), np.concatenate(labels)
+    metrics = {"loss": float(np.mean(losses)), "batches": len(losses)}
+    for i, name in enumerate(job.cfg.columns.labels):
+        metrics[f"auc/{name}"] = auc(y[:, i], p[:, i])
+    metrics["auc"] = metrics[f"auc/{job.cfg.columns.labels[0]}"]
+    return metrics
+
+
+def _table_scalars(job: JobGraph) -> dict:
+    values = {}
+    for name, table in job.tables.items():
+        stats = table.stats()
+        values[f"tables/{name}/keys_held"] = stats["keys_held"]
+        values[f"tables/{name}/keys_evicted"] = stats["keys_evicted"]
+        if stats["keys_counted_not_admitted"] is not None:
+            values[f"tables/{name}/keys_waiting_admission"] = stats["keys_counted_not_admitted"]
+    return values
+
+
+def _eval_line(step, metrics: dict) -> str:
+    aucs = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("auc/"))
+    where = f"step {step}: " if step is not None else ""
+    return f"{where}eval loss {metrics['loss']:.4f}  {aucs}  ({metrics['batches']} batches)"
+
+
+def summary_text(summary: dict) -> str:
+    """The final summary table printed after training."""
+    rows = [("steps", summary["steps"]),
+            ("samples this run", summary["samples_this_run"])]
+    if summary["samples_per_sec"]:
+        rows.append(("throughput (samples/s)", round(summary["samples_per_sec"])))
+    if summary["input_wait_share"] is not None:
+        rows.append(("input wait (share of step)", f"{100 * summary['input_wait_share']:.1f}%"))
+    if summary["train_loss"] is not None:
+        rows.append(("train loss (last window)", summary["train_loss"]))
+    for key, value in summary["eval"].items():
+        if key not in ("batches", "auc"):  # "auc" repeats the first label's
+            rows.append((f"eval {key}", value))
+    rows.append(("checkpoint", summary["checkpoint"]))
+    text = [f"== {summary['name']} ==", format_table(("metric", "value"), rows), ""]
+    table_rows = [(name, s["keys_held"], s["capacity"], s["keys_evicted"],
+                   "-" if s["keys_counted_not_admitted"] is None
+                   else s["keys_counted_not_admitted"])
+                  for name, s in summary["tables"].items()]
+    text.append(format_table(("table", "keys held", "capacity", "evicted", "not yet admitted"),
+                             table_rows))
+    return "\n".join(text)

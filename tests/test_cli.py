@@ -1,0 +1,290 @@
+"""The YAML job runner and the ``sparseflow`` command: shipped configs, training, resume,
+evaluation, export, progress output and TensorBoard summaries."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow import cli
+from sparseflow.jobs import runner
+from sparseflow.jobs.data import make_dataset
+from sparseflow.jobs.export import export
+from sparseflow.jobs.progress import Progress, format_table
+from sparseflow.jobs.schema import load_config, parse_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def tiny_job(tmp_path, model: str, *, steps: int = 12, extra: str = "") -> str:
+    """A small generated-data job (6 features, batch 256) for ``model``, written to a file."""
+    models = {
+        "dlrm": "{name: dlrm, bottom_mlp: [16, 8], top_mlp: [32]}",
+        "dcn_v2": "{name: dcn_v2, cross_layers: 2, deep_mlp: [32], low_rank: 4}",
+        "wide_deep": "{name: wide_deep, deep_mlp: [32], wide_features: [C1_wide, C2_wide]}",
+    }
+    wide = ""
+    wide_table = ""
+    if model == "wide_deep":
+        wide = ("  C1_wide: {table: wide, index_key: C1}\n"
+                "  C2_wide: {table: wide, index_key: C2}\n")
+        wide_table = "  wide: {dim: 1, vocabulary_size: 4000, initializer: {name: zeros}}\n"
+    features = "".join(f"  C{i}: {{table: C{i}}}\n" for i in range(1, 7))
+    text = f"""
+name: tiny_{model}
+data:
+  source: generator
+  generator: {{kind: criteo, train_rows: 16384, eval_rows: 2048, seed: 5,
+              cardinality_cap: 2000}}
+columns:
+  labels: [label]
+  dense: [I1, I2, I3, I4]
+  dense_transform: log1p
+  sparse: {{C1: {{}}, C2: {{}}, C3: {{}}, C4: {{}}, C5: {{}}, C6: {{}}}}
+tables:
+  defaults: {{dim: 8, vocabulary_size: 2100, access_threshold: 1}}
+  C1: {{}}
+  C2: {{}}
+  C3: {{}}
+  C4: {{}}
+  C5: {{}}
+  C6: {{}}
+{wide_table}features:
+{features}{wide}optimizer:
+  sparse: {{name: lazy_adam, learning_rate: 0.01}}
+  dense: {{name: adam, learning_rate: 0.003}}
+model: {models[model]}
+schedule: {{batch_size: 256, max_steps: {steps}, log_every: 4, eval_steps: 4}}
+output: {{dir: {tmp_path / "out"}}}
+{extra}"""
+    path = tmp_path / f"{model}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    sf.terminate_config_initializer()
+    yield
+    sf.terminate_config_initializer()
+
+
+# -- shipped configs -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path, capsys):
+    assert cli.main(["validate", str(path)]) == 0
+    assert f"{path}: valid" in capsys.readouterr().out
+
+
+def test_the_three_configs_the_docs_promise_are_shipped():
+    assert {p.name for p in SHIPPED} >= {"demo.yaml", "criteo_dlrm.yaml",
+                                         "movielens_widedeep.yaml"}
+
+
+def test_demo_yaml_trains_and_beats_a_constant_predictor(tmp_path):
+    cfg = load_config(str(REPO / "configs/demo.yaml"), [
+        "schedule.max_steps=60", "schedule.eval_every=0", "schedule.batch_size=2048",
+        "data.generator.train_rows=122880", "data.generator.eval_rows=16384",
+        f"output.dir={tmp_path}"])
+    summary = runner.train(cfg, stream=io.StringIO())
+    assert summary["steps"] == 60
+    # A constant predictor's AUC is 0.5; the generated labels are learnable from the keys.
+    assert summary["eval"]["auc"] > 0.6, summary["eval"]
+    assert summary["eval"]["batches"] == 8
+    held = sum(t["keys_held"] for t in summary["tables"].values())
+    assert held > 0
+
+
+# -- each built-in model, from YAML ---------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["dlrm", "dcn_v2", "wide_deep"])
+def test_each_built_in_model_trains_from_yaml(tmp_path, model):
+    out = io.StringIO()
+    summary = runner.train(load_config(tiny_job(tmp_path, model, steps=64),
+                                       ["schedule.log_every=16"]), stream=out, tty=False)
+    assert summary["steps"] == 64
+    losses = [float(line.split("loss ")[1]) for line in out.getvalue().splitlines()
+              if line.startswith("step ") and "/64" in line]
+    assert len(losses) == 4               # one line per log_every=16 steps
+    assert losses[-1] < losses[0]         # it learns ...
+    assert summary["eval"]["auc"] > 0.6   # ... beyond a constant predictor's 0.5
+
+
+# -- resume, evaluate, export ---------------------------------------------------------------
+
+def test_train_resumes_from_the_newest_checkpoint(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=8)
+    first = runner.train(load_config(path), stream=io.StringIO())
+    assert first["steps"] == 8 and first["checkpoint"].endswith("model-8")
+    out = io.StringIO()
+    second = runner.train(load_config(path, ["schedule.max_steps=12"]), stream=out)
+    assert "resumed from" in out.getvalue()
+    assert second["steps"] == 12 and second["steps_this_run"] == 4
+    # Keys admitted in the first run are still there after the restore.
+    for name, stats in first["tables"].items():
+        assert second["tables"][name]["keys_held"] >= stats["keys_held"]
+
+
+def test_eval_of_a_checkpoint_matches_the_end_of_training(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=8)
+    summary = runner.train(load_config(path), stream=io.StringIO())
+    metrics = runner.evaluate(load_config(path), str(tmp_path / "out"), stream=io.StringIO())
+    assert metrics["batches"] == summary["eval"]["batches"]
+    np.testing.assert_allclose(metrics["loss"], summary["eval"]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["auc"], summary["eval"]["auc"], rtol=1e-6)
+
+
+def test_eval_without_a_checkpoint_names_the_argument(tmp_path):
+    path = tiny_job(tmp_path, "dlrm")
+    with pytest.raises(ValueError, match="`checkpoint`"):
+        runner.evaluate(load_config(path), str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("model", ["dlrm", "wide_deep"])
+def test_exported_saved_model_predicts_as_the_eval_graph(tmp_path, model):
+    path = tiny_job(tmp_path, model, steps=8)
+    cfg = load_config(path)
+    runner.train(cfg, stream=io.StringIO())
+    saved = export(cfg, str(tmp_path / "out"), str(tmp_path / "saved"))
+
+    # The eval graph's probabilities on the first eval batch, from the checkpoint.
+    with runner.job_graph(cfg, training=False, evaluation=True) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        job.saver.restore(sess, runner.resolve_checkpoint(str(tmp_path / "out")))
+        sess.run(job.eval_iterator.initializer)
+        expected = sess.run(job.eval.probabilities)
+    # The same raw batch, straight from the data pipeline, into the SavedModel.
+    batch = next(iter(make_dataset(cfg.data, cfg.columns, "eval",
+                                   batch_size=cfg.schedule.batch_size, seed=cfg.schedule.seed)))
+    features = {c.name: batch[c.name] for c in cfg.columns.sparse}
+    # The pipeline applied log1p to the dense features; the SavedModel takes raw values.
+    features["dense"] = tf.math.expm1(batch["dense"])
+    served = tf.saved_model.load(saved).signatures["serving_default"](**features)
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_export_refuses_a_non_empty_directory(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=4)
+    cfg = load_config(path)
+    runner.train(cfg, stream=io.StringIO())
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("keep me")
+    with pytest.raises(ValueError, match="`out`"):
+        export(cfg, str(tmp_path / "out"), str(tmp_path / "busy"))
+    assert (tmp_path / "busy" / "file").read_text() == "keep me"
+
+
+# -- output: summaries, progress, summary table ---------------------------------------------
+
+def test_tensorboard_summaries_and_summary_json(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=8)
+    runner.train(load_config(path, ["schedule.eval_every=4"]), stream=io.StringIO())
+    out = tmp_path / "out"
+    tags = set()
+    for event_file in out.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(event_file)):
+            tags.update(v.tag for v in event.summary.value)
+    assert {"train/loss", "train/steps_per_sec", "eval/loss", "eval/auc",
+            "tables/C1/keys_held", "tables/C1/keys_evicted",
+            "tables/C1/keys_waiting_admission"} <= tags
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 8 and set(summary["tables"]) == {f"C{i}" for i in range(1, 7)}
+    assert json.loads((out / "config.json").read_text())["name"] == "tiny_dlrm"
+
+
+def test_input_wait_is_measured_on_traced_steps(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=30)
+    summary = runner.train(load_config(path), stream=io.StringIO())
+    assert summary["input_wait_share"] is not None
+    assert 0.0 <= summary["input_wait_share"] <= 1.0
+
+
+def test_progress_bar_on_a_terminal_and_lines_elsewhere():
+    tty = io.StringIO()
+    bar = Progress(10, tty, tty=True)
+    bar.update(5, 2.5, 0.25)
+    bar.message("eval line")
+    assert tty.getvalue() == ("\r[############............] 5/10    2.50 steps/s  loss 0.2500\n"
+                              "eval line\n")
+    log = io.StringIO()
+    Progress(10, log, tty=False).update(5, 2.5, 0.25)
+    assert log.getvalue() == "step 5/10  2.50 steps/s  loss 0.2500\n"
+
+
+def test_format_table_aligns_columns():
+    text = format_table(("name", "n"), [("a", 5), ("long name", 12345)])
+    assert text.splitlines() == ["name            n", "---------  ------",
+                                 "a               5", "long name  12,345"]
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def test_cli_train_eval_export(tmp_path, capsys):
+    path = tiny_job(tmp_path, "dlrm", steps=6)
+    assert cli.main(["train", path, "--no-progress", "--set", "schedule.log_every=3"]) == 0
+    out = capsys.readouterr().out
+    assert "step 3/6" in out and "== tiny_dlrm ==" in out and "eval auc" in out
+    assert cli.main(["eval", path, "--checkpoint", str(tmp_path / "out")]) == 0
+    assert "eval loss" in capsys.readouterr().out
+    assert cli.main(["export", path, "--checkpoint", str(tmp_path / "out"),
+                     "--out", str(tmp_path / "served")]) == 0
+    assert (tmp_path / "served" / "saved_model.pb").exists()
+
+
+def test_cli_train_out_overrides_the_output_dir(tmp_path):
+    path = tiny_job(tmp_path, "dlrm", steps=2)
+    assert cli.main(["train", path, "--no-progress", "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "summary.json").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_config_errors_with_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    text = pathlib.Path(tiny_job(tmp_path, "dlrm")).read_text()
+    bad.write_text(text.replace("dim: 8,", 'dim: "8x",'))
+    assert cli.main(["validate", str(bad)]) == 2
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "defaults: {dim: 8" in s)
+    err = capsys.readouterr().err
+    assert f"{bad}:{line} tables." in err and ".dim: " in err and '"8x"' in err, err
+
+
+def test_cli_reports_a_bad_override(tmp_path, capsys):
+    path = tiny_job(tmp_path, "dlrm")
+    assert cli.main(["validate", path, "--set", "schedule.max_steps=abc"]) == 2
+    assert "--set schedule.max_steps" in capsys.readouterr().err
+
+
+def test_cli_missing_file(tmp_path, capsys):
+    assert cli.main(["validate", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+
+
+def test_cli_stats_hands_off(capsys):
+    assert cli.main(["stats", "data.parquet"]) == 2
+    assert "feature-stats" in capsys.readouterr().err
+
+
+def test_the_console_script_is_installed():
+    # `pip install -e .` puts `sparseflow` next to the interpreter.
+    script = pathlib.Path(sys.executable).parent / "sparseflow"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0
+    assert "validate" in result.stdout and "export" in result.stdout
+
+
+def test_parse_config_is_the_same_job_as_the_file(tmp_path):
+    path = tiny_job(tmp_path, "dlrm")
+    assert parse_config(pathlib.Path(path).read_text(), file=path) == load_config(path)
