@@ -12,6 +12,7 @@ Exit status: 0 success, 2 invalid configuration or arguments, 1 any other failur
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Sequence
@@ -88,6 +89,7 @@ def _run(args, cfg) -> int:
     from sparseflow.jobs import runner
 
     if args.command == "train":
+        _log_to_stderr()
         runner.train(cfg, tty=False if args.no_progress else None)
     elif args.command == "eval":
         runner.evaluate(cfg, args.checkpoint)
@@ -97,6 +99,17 @@ def _run(args, cfg) -> int:
         path = export(cfg, args.checkpoint, args.out)
         print(f"exported {cfg.name} to {path}")
     return EXIT_OK
+
+
+def _log_to_stderr() -> None:
+    """sparseflow's INFO messages (each eviction) on stderr, apart from the progress output."""
+    logger = logging.getLogger("sparseflow")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def describe(cfg) -> str:

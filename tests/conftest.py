@@ -25,3 +25,19 @@ def sf_init(graph):
     """``sparseflow.init()`` with defaults inside a fresh graph."""
     sf.init()
     return graph
+
+
+@pytest.fixture(scope="session")
+def movielens_cache(tmp_path_factory):
+    """A cache directory for the recbole wheel that ships MovieLens-100K, shared by the
+    session: the wheel is downloaded from PyPI once (copied from ``~/.cache/sparseflow`` when
+    it is already there)."""
+    import shutil
+
+    from sparseflow.datasets import movielens
+
+    path = tmp_path_factory.mktemp("ml-cache")
+    home = os.path.expanduser(os.path.join("~/.cache/sparseflow", movielens.WHEEL))
+    if os.path.isfile(home):
+        shutil.copy(home, path / movielens.WHEEL)
+    return str(path)

@@ -106,6 +106,20 @@ def test_demo_yaml_trains_and_beats_a_constant_predictor(tmp_path):
     assert held > 0
 
 
+def test_movielens_widedeep_yaml_trains_and_evicts_by_real_timestamps(tmp_path, movielens_cache):
+    cfg = load_config(str(REPO / "configs/movielens_widedeep.yaml"), [
+        "schedule.max_steps=150", "schedule.eval_every=0", f"output.dir={tmp_path}",
+        f"data.movielens.cache_dir={movielens_cache}"])
+    summary = runner.train(cfg, stream=io.StringIO())
+    assert summary["steps"] == 150
+    assert summary["eval"]["auc"] > 0.6, summary["eval"]
+    # 150 batches of 256 time-ordered ratings span weeks: users and items unseen for 30 days
+    # are evicted, and only from the two tables with an eviction threshold.
+    tables = summary["tables"]
+    assert tables["user"]["keys_evicted"] > 0 and tables["item"]["keys_evicted"] > 0
+    assert tables["profile"]["keys_evicted"] == 0 and tables["wide"]["keys_evicted"] == 0
+
+
 # -- each built-in model, from YAML ---------------------------------------------------------
 
 @pytest.mark.parametrize("model", ["dlrm", "dcn_v2", "wide_deep"])

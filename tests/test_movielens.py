@@ -8,7 +8,6 @@ computed from the wheel's raw tab-separated text by plain Python.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import zipfile
 
@@ -25,12 +24,8 @@ MOD = 2**63 - 1
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ml-cache")
-    home = os.path.expanduser(os.path.join("~/.cache/sparseflow", movielens.WHEEL))
-    if os.path.isfile(home):
-        shutil.copy(home, path / movielens.WHEEL)
-    return str(path)
+def cache_dir(movielens_cache):
+    return movielens_cache
 
 
 @pytest.fixture(scope="session")
