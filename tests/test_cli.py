@@ -302,3 +302,66 @@ def test_the_console_script_is_installed():
 def test_parse_config_is_the_same_job_as_the_file(tmp_path):
     path = tiny_job(tmp_path, "dlrm")
     assert parse_config(pathlib.Path(path).read_text(), file=path) == load_config(path)
+
+
+def test_parquet_job_with_string_tokens_trains_and_serves_raw_strings(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(3)
+    n = 4096
+    cities = np.array([f"city-{i}" for i in range(50)])
+    city = cities[rng.integers(0, 50, n)]
+    tags = [[f"t{j}" for j in rng.choice(20, rng.integers(0, 4), replace=False)]
+            for _ in range(n)]
+    item = rng.integers(0, 300, n).astype(np.int64) * 7919
+    label = (rng.random(n) < 0.3).astype(np.float32)
+    price = rng.exponential(10.0, n).astype(np.float32)
+    table = pa.table({"label": label, "price": price, "item": item, "city": city,
+                      "tags": pa.array(tags, pa.list_(pa.string()))})
+    for part, rows in (("train", slice(0, 3584)), ("eval", slice(3584, n))):
+        (tmp_path / part).mkdir()
+        pq.write_table(table.slice(rows.start, rows.stop - rows.start),
+                       tmp_path / part / "part-0.parquet")
+    config = tmp_path / "job.yaml"
+    config.write_text(f"""
+data: {{source: parquet, train: {tmp_path / 'train'}, eval: {tmp_path / 'eval'}}}
+columns:
+  labels: label
+  dense: [price]
+  dense_transform: log1p
+  sparse:
+    item: {{}}
+    city: {{encoding: string}}
+    tags: {{encoding: string, length: 3}}
+tables:
+  defaults: {{dim: 4, vocabulary_size: 400}}
+  item: {{}}
+  city: {{}}
+  tags: {{}}
+features:
+  item: {{}}
+  city: {{}}
+  tags: {{combiner: sqrtn}}
+optimizer:
+  sparse: {{name: adagrad, learning_rate: 0.05}}
+  dense: {{name: sgd, learning_rate: 0.05}}
+model: {{name: dcn_v2, cross_layers: 1, deep_mlp: [8], structure: parallel}}
+schedule: {{batch_size: 128, max_steps: 20}}
+output: {{dir: {tmp_path / 'out'}}}
+""")
+    cfg = load_config(str(config))
+    runner.train(cfg, stream=io.StringIO())
+    saved = export(cfg, str(tmp_path / "out"), str(tmp_path / "served"))
+    with runner.job_graph(cfg, training=False, evaluation=True) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        job.saver.restore(sess, runner.resolve_checkpoint(str(tmp_path / "out")))
+        sess.run(job.eval_iterator.initializer)
+        expected = sess.run(job.eval.probabilities)
+    rows = slice(3584, 3584 + 128)   # the first eval batch, as raw values
+    padded_tags = [(t + ["", "", ""])[:3] for t in tags[rows]]
+    served = tf.saved_model.load(saved).signatures["serving_default"](
+        item=tf.constant(item[rows]), city=tf.constant(city[rows]),
+        tags=tf.constant(padded_tags), dense=tf.constant(price[rows, None]))
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-4, atol=1e-5)

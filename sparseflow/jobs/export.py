@@ -1,10 +1,11 @@
 """Exports a trained YAML job as one SavedModel that serves predictions from raw features.
 
-The SavedModel needs only TensorFlow. Its ``serving_default`` signature takes what the data
-pipeline hands the model — one int64 tensor per sparse column (``[batch]`` single-hot,
-``[batch, length]`` multi-hot padded with -1) and ``dense`` (float32 ``[batch, n_dense]``, raw
-values: the config's ``dense_transform`` is applied inside) — and returns ``probabilities``
-(float32 ``[batch, n_labels]``). Each table is a ``tf.lookup.StaticHashTable`` from key to row
+The SavedModel needs only TensorFlow. Its ``serving_default`` signature takes raw features —
+one tensor per sparse column (``[batch]`` single-hot, ``[batch, length]`` multi-hot): the
+tokens themselves for ``encoding: string`` columns (empty string = missing / padding, hashed
+inside as the data pipeline hashes them), int64 keys otherwise (-1 = missing / padding); and
+``dense`` (float32 ``[batch, n_dense]``, raw values: the config's ``dense_transform`` is
+applied inside) — and returns ``probabilities`` (float32 ``[batch, n_labels]``). Each table is a ``tf.lookup.StaticHashTable`` from key to row
 of a constant embedding variable whose last row (zeros) is what keys the table does not hold
 read — as in training, where such keys read zeros.
 """
@@ -100,17 +101,21 @@ def _serving_module(cfg: JobConfig, snapshots: dict, dense_values: list, vocab_d
             name=f"embeddings_{i}")
     wide_names = set(cfg.model.params.get("wide_features", ()))
     columns = cfg.columns
-    lengths = {c.name: c.length for c in columns.sparse}
-    signature = {c: tf.TensorSpec([None] if n == 1 else [None, n], tf.int64, name=c)
-                 for c, n in lengths.items()}
+    hashed = {c.name for c in columns.sparse
+              if c.encoding == "string" and cfg.data.source != "generator"}
+    signature = {c.name: tf.TensorSpec([None] if c.length == 1 else [None, c.length],
+                                       tf.string if c.name in hashed else tf.int64, name=c.name)
+                 for c in columns.sparse}
     if columns.dense:
         signature["dense"] = tf.TensorSpec([None, len(columns.dense)], tf.float32, name="dense")
 
     @tf.function(input_signature=[signature])
     def serve(features):
+        keys_of = {name: _string_keys(features[name]) if name in hashed else features[name]
+                   for name in signature if name != "dense"}
         deep, wide = [], []
         for feature in cfg.features:
-            keys = features[feature.index_key]
+            keys = keys_of[feature.index_key]
             rows = module.key_index[feature.table].lookup(keys)
             emb = tf.gather(module.embeddings[feature.table], rows)
             pooled = pool(emb, keys, feature.combiner)
@@ -125,3 +130,11 @@ def _serving_module(cfg: JobConfig, snapshots: dict, dense_values: list, vocab_d
 
     module.serve = serve
     return module
+
+
+def _string_keys(tokens: tf.Tensor) -> tf.Tensor:
+    """The keys the data pipeline gives string tokens: farmhash Fingerprint64 modulo 2^63 - 1
+    (what ``tf.strings.to_hash_bucket_fast`` computes), and -1 for the empty string (missing
+    or padding)."""
+    keys = tf.strings.to_hash_bucket_fast(tokens, 2**63 - 1)
+    return tf.where(tf.equal(tokens, ""), tf.constant(-1, tf.int64), keys)
