@@ -1,0 +1,456 @@
+"""The training variants of ``benchmarks/e2e.py``: one builder per way of training the same
+DLRM on the same Criteo-shaped stream, and the loops that time them.
+
+Every graph variant is built in its own ``tf.Graph`` and run in a ``tf.compat.v1.Session``;
+the TF2 variants run eagerly with a ``tf.function`` step (jit off). All of them use
+``sparseflow.models.DLRM`` for the dense math and the same tf.data source (see
+``source_v1`` / ``source_v2``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.models.dlrm import DLRM
+from sparseflow.optimizers import lazy_adam
+from sparseflow.synthetic import CRITEO_CARDINALITIES, criteo_keys, key_weight
+
+BATCH = 4096
+DIM = 16
+N_DENSE = 13
+FEATURES = tuple(f"C{j + 1}" for j in range(len(CRITEO_CARDINALITIES)))
+HP = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+PREFETCH = 2
+STDDEV = 0.05  # every table starts truncated-normal(0, 0.05)
+
+
+# ------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Data:
+    """Pre-generated batches: ``keys[j]`` int64 ``[N, B]`` (feature C(j+1), contiguous per
+    feature), ``dense`` float32 ``[N, B, 13]``, ``label`` float32 ``[N, B, 1]``."""
+
+    keys: np.ndarray
+    dense: np.ndarray
+    label: np.ndarray
+
+    @property
+    def n_batches(self) -> int:
+        return self.dense.shape[0]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {f: self.keys[j] for j, f in enumerate(FEATURES)}
+        out["dense"] = self.dense
+        out["label"] = self.label
+        return out
+
+
+def make_data(n_batches: int, seed: int = 0) -> Data:
+    """``n_batches`` distinct Criteo-shaped batches (``sparseflow.synthetic.criteo_keys``:
+    Zipf ranks over the full Kaggle cardinalities, scattered over int64), 13 log-normal-ish
+    dense features, and labels that depend on hidden per-key effects and the dense features."""
+    rng = np.random.default_rng(seed)
+    keys = np.empty((len(FEATURES), n_batches, BATCH), np.int64)
+    for b in range(n_batches):
+        keys[:, b, :] = criteo_keys(rng, BATCH).T
+    dense = np.log1p(rng.exponential(4.0, (n_batches, BATCH, N_DENSE))).astype(np.float32)
+    logit = -1.0 + 0.3 * (dense[..., 0] - dense[..., 1])
+    for j in (0, 2, 3, 7, 11):
+        logit += key_weight(keys[j], salt=j)
+    label = (rng.random(logit.shape) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    return Data(keys=keys, dense=dense, label=label[..., None])
+
+
+def source_v1(data: Data):
+    """Graph-mode source: ``from_tensor_slices`` over placeholders fed once at iterator
+    initialisation (no graph constants; the GraphDef stays small), repeated.
+
+    Returns:
+      (dataset, feed dict for the iterator's initializer).
+    """
+    arrays = data.arrays()
+    phs = {k: tf.compat.v1.placeholder(tf.as_dtype(a.dtype), a.shape, name=f"src_{k}")
+           for k, a in arrays.items()}
+    return tf.data.Dataset.from_tensor_slices(phs).repeat(), {phs[k]: a for k, a in arrays.items()}
+
+
+def source_v2(data: Data) -> tf.data.Dataset:
+    """The same source eagerly (the arrays become eager tensors once)."""
+    return tf.data.Dataset.from_tensor_slices(data.arrays()).repeat()
+
+
+def capacities(cap: int) -> list[int]:
+    """Rows per table: min(cardinality, cap)."""
+    return [min(c, cap) for c in CRITEO_CARDINALITIES]
+
+
+def new_model() -> DLRM:
+    return DLRM(bottom_mlp=(64, 16), top_mlp=(256, 128), n_outputs=1, interaction="dot", seed=0)
+
+
+def bce(labels, logits):
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+# ------------------------------------------------------------------------------------------
+# Graph-mode variants
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Built:
+    """A graph variant, built: what the timing loop runs."""
+
+    train_op: tf.Operation
+    loss: tf.Tensor
+    iterator_init: tf.Operation
+    feed: dict
+    get_next_name: str
+    init_ops: list = field(default_factory=list)
+    after_init: Callable[[], None] | None = None   # e.g. reserve sparseflow row memory
+    close: Callable[[], None] | None = None
+    new_keys: Callable[[], int] | None = None      # keys owning a row, over all tables
+    tables: list = field(default_factory=list)
+    sparse_opt: object = None
+
+
+def _iterator(ds):
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    batch = it.get_next()
+    get_next = next(iter(batch.values())).op.name
+    return it, batch, get_next
+
+
+def _dense_train_op(loss, var_list, extra_grads=()):
+    opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"], HP["beta2"],
+                                           HP["epsilon"], name="dense_adam")
+    grads = tf.gradients(loss, var_list)
+    return opt.apply_gradients(zip(grads, var_list))
+
+
+def build_dense_ceiling(data: Data, cap: int) -> Built:
+    """(a) the dense part alone: every embedding is the same constant [B, 16] tensor."""
+    ds, feed = source_v1(data)
+    it, batch, get_next = _iterator(ds.prefetch(PREFETCH))
+    model = new_model()
+    const = tf.fill([BATCH, DIM], tf.constant(0.01, tf.float32), name="const_embedding")
+    loss = bce(batch["label"], model(batch["dense"], [const] * len(FEATURES)))
+    train_op = _dense_train_op(loss, list(model.trainable_variables))
+    return Built(train_op, loss, it.initializer, feed, get_next,
+                 [tf.compat.v1.global_variables_initializer()])
+
+
+def _tf_tables(cap: int, trainable: bool):
+    with tf.name_scope("tables"):
+        return [tf.Variable(tf.random.truncated_normal([v, DIM], stddev=STDDEV, seed=j + 1),
+                            trainable=trainable, name=f"table_{f}")
+                for j, (f, v) in enumerate(zip(FEATURES, capacities(cap)))]
+
+
+def build_keras_adam(data: Data, cap: int) -> Built:
+    """(b) plain TF: fixed-size tables (key mod vocabulary), ``tf.nn.embedding_lookup``,
+    one Keras 2 Adam (``tf_keras.optimizers.legacy.Adam``) over tables and dense variables.
+    Its sparse path (``_resource_apply_sparse``) decays m and v and writes w over the WHOLE
+    table every step: it is not lazy."""
+    import tf_keras
+
+    ds, feed = source_v1(data)
+    it, batch, get_next = _iterator(ds.prefetch(PREFETCH))
+    tables = _tf_tables(cap, trainable=True)
+    with tf.name_scope("lookup"):
+        embs = [tf.nn.embedding_lookup(t, tf.math.floormod(batch[f], v))
+                for t, f, v in zip(tables, FEATURES, capacities(cap))]
+    model = new_model()
+    loss = bce(batch["label"], model(batch["dense"], embs))
+    var_list = list(model.trainable_variables) + tables
+    opt = tf_keras.optimizers.legacy.Adam(learning_rate=HP["learning_rate"], beta_1=HP["beta1"],
+                                          beta_2=HP["beta2"], epsilon=HP["epsilon"])
+    grads = tf.gradients(loss, var_list)
+    train_op = opt.apply_gradients(zip(grads, var_list))
+    return Built(train_op, loss, it.initializer, feed, get_next,
+                 [tf.compat.v1.global_variables_initializer()])
+
+
+def build_tf_lazy_adam(data: Data, cap: int) -> Built:
+    """(c) plain TF, same tables, hand-written lazy Adam.
+
+    Lookup dedups first: ``tf.unique`` of ``key mod vocabulary``, gather the unique rows,
+    expand with the restore vector. The table's gradient is then an ``IndexedSlices`` over the
+    unique rows whose values the expand's gradient already segment-summed
+    (``unsorted_segment_sum``). Update (bench_lazy_adam's fastest non-XLA formulation at dim
+    16): gather m, v, w of those rows, Adam math, ``scatter_update`` of m, v and w; one step
+    counter for bias correction.
+    """
+    ds, feed = source_v1(data)
+    it, batch, get_next = _iterator(ds.prefetch(PREFETCH))
+    tables = _tf_tables(cap, trainable=False)
+    embs = []
+    with tf.name_scope("lookup"):
+        for t, f, v in zip(tables, FEATURES, capacities(cap)):
+            uniq, restore = tf.unique(tf.math.floormod(batch[f], v), out_idx=tf.int32)
+            embs.append(tf.gather(tf.gather(t, uniq), restore))
+    model = new_model()
+    loss = bce(batch["label"], model(batch["dense"], embs))
+    dense_vars = list(model.trainable_variables)
+    grads = tf.gradients(loss, dense_vars + tables)
+    dense_opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"], HP["beta2"],
+                                                 HP["epsilon"], name="dense_adam")
+    dense_op = dense_opt.apply_gradients(zip(grads[:len(dense_vars)], dense_vars))
+    with tf.name_scope("lazy_adam"):
+        step = tf.Variable(0.0, trainable=False, name="step")
+        t_ = tf.compat.v1.assign_add(step, 1.0)
+        b1, b2 = tf.constant(HP["beta1"]), tf.constant(HP["beta2"])
+        lr_t = HP["learning_rate"] * tf.sqrt(1.0 - tf.pow(b2, t_)) / (1.0 - tf.pow(b1, t_))
+        updates = []
+        for w, g in zip(tables, grads[len(dense_vars):]):
+            assert isinstance(g, tf.IndexedSlices), type(g)
+            m = tf.Variable(tf.zeros(w.shape), trainable=False, name="m")
+            v = tf.Variable(tf.zeros(w.shape), trainable=False, name="v")
+            idx, gv = g.indices, g.values   # unique rows (tf.unique above), summed gradients
+            m_t = b1 * tf.gather(m, idx) + (1.0 - b1) * gv
+            v_t = b2 * tf.gather(v, idx) + (1.0 - b2) * (gv * gv)
+            w_t = tf.gather(w, idx) - lr_t * m_t / (tf.sqrt(v_t) + HP["epsilon"])
+            updates += [m.scatter_update(tf.IndexedSlices(m_t, idx)).op,
+                        v.scatter_update(tf.IndexedSlices(v_t, idx)).op,
+                        w.scatter_update(tf.IndexedSlices(w_t, idx)).op]
+    train_op = tf.group(dense_op, *updates)
+    return Built(train_op, loss, it.initializer, feed, get_next,
+                 [tf.compat.v1.global_variables_initializer()])
+
+
+def build_sparseflow(data: Data, cap: int, prefetch: int = PREFETCH, take: int | None = None,
+                     parallel_map=None, reserve: bool = True) -> Built:
+    """(d) sparseflow's Rec SDK flow: a FeatureSpec (access_threshold=1) and a table
+    (device_vocabulary_size = min(card, cap)) per feature, ``get_asc_insert_func`` in the
+    dataset map (sequential, as examples/session_demo.py), ``sparse_lookup``, lazy Adam from
+    ``create_hash_optimizer`` on the tables and ``tf.compat.v1.train.AdamOptimizer`` on the
+    dense variables, ``start_asc_pipeline``, Session.
+
+    ``take`` ends the stream after that many batches (the profile's pre-filled run);
+    ``reserve`` commits the tables' row memory after start (``SparseTable.reserve_memory``),
+    as the tf.Variable baselines commit theirs at initialisation, outside the timing.
+    """
+    sf.init()
+    try:
+        specs = [sf.FeatureSpec(f, table_name=f"t_{f}", access_threshold=1) for f in FEATURES]
+        tables = [sf.create_table(tf.int64, DIM, f"t_{f}",
+                                  tf.compat.v1.truncated_normal_initializer(stddev=STDDEV),
+                                  device_vocabulary_size=v)
+                  for f, v in zip(FEATURES, capacities(cap))]
+        ds, feed = source_v1(data)
+        if take is not None:
+            ds = ds.take(take)
+        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=True),
+                    num_parallel_calls=parallel_map).prefetch(prefetch)
+        it, batch, get_next = _iterator(ds)
+        with tf.name_scope("lookup"):
+            embs = [sf.sparse_lookup(t, s, is_train=True, batch=batch, name=f"lookup_{s.name}")
+                    for t, s in zip(tables, specs)]
+        model = new_model()
+        loss = bce(batch["label"], model(batch["dense"], embs))
+        dense_vars, sparse_vars = sf.get_dense_and_sparse_variable()
+        grads = tf.gradients(loss, dense_vars + sparse_vars)
+        dense_opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"],
+                                                     HP["beta2"], HP["epsilon"],
+                                                     name="dense_adam")
+        sparse_opt = lazy_adam.create_hash_optimizer(
+            learning_rate=HP["learning_rate"], beta1=HP["beta1"], beta2=HP["beta2"],
+            epsilon=HP["epsilon"], name="sparse_adam")
+        train_op = tf.group(
+            dense_opt.apply_gradients(zip(grads[:len(dense_vars)], dense_vars)),
+            sparse_opt.apply_gradients(zip(grads[len(dense_vars):], sparse_vars)))
+        sf.start_asc_pipeline()
+    except BaseException:
+        sf.terminate_config_initializer()
+        raise
+
+    def after_init():
+        if reserve:
+            for t in tables:
+                t.reserve_memory()
+
+    return Built(train_op, loss, it.initializer, feed, get_next,
+                 [tf.compat.v1.global_variables_initializer()], after_init=after_init,
+                 close=sf.terminate_config_initializer,
+                 new_keys=lambda: sum(t.size() for t in tables), tables=tables,
+                 sparse_opt=sparse_opt)
+
+
+GRAPH_BUILDERS = {"a": build_dense_ceiling, "b": build_keras_adam, "c": build_tf_lazy_adam,
+                  "d": build_sparseflow}
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    step_s: list            # untraced step wall times
+    wait_s: list            # input wait of each traced step (IteratorGetNext wall time)
+    traces: list            # RunMetadata of the traced steps (kept when asked)
+    loss: float
+    new_keys_per_step: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return BATCH * len(self.step_s) / sum(self.step_s)
+
+    @property
+    def step_ms(self) -> float:
+        return 1e3 * sum(self.step_s) / len(self.step_s)
+
+    @property
+    def wait_share(self) -> float:
+        """Mean input wait of the traced steps over the mean untraced step time."""
+        if not self.wait_s:
+            return float("nan")
+        return (sum(self.wait_s) / len(self.wait_s)) / (sum(self.step_s) / len(self.step_s))
+
+
+def node_times(run_metadata) -> list[tuple[str, float, float]]:
+    """(node name, start us, wall us) of every node of a traced step."""
+    out = []
+    for dev in run_metadata.step_stats.dev_stats:
+        for ns in dev.node_stats:
+            out.append((ns.node_name, ns.all_start_micros, ns.all_end_rel_micros))
+    return out
+
+
+def input_wait_us(run_metadata, get_next_name: str) -> float:
+    return sum(dur for name, _, dur in node_times(run_metadata) if name == get_next_name)
+
+
+def session_config():
+    return tf.compat.v1.ConfigProto()
+
+
+def run_graph(builder, data: Data, cap: int, warmup: int, steps: int, trace_every: int,
+              keep_traces: bool = False, hook: Callable | None = None, **build_kw) -> RunResult:
+    """Builds a variant in a fresh graph and times ``steps`` untraced steps after ``warmup``;
+    every ``trace_every``-th step is traced (FULL_TRACE) for the input wait and is not timed.
+
+    ``trace_every`` 1 traces every step (profile; then ``step_s`` holds the traced steps'
+    wall times). ``hook(sess, built)`` runs after the warm-up (the profile waits there).
+    """
+    graph = tf.Graph()
+    built = None
+    sess = None
+    try:
+        with graph.as_default():
+            tf.compat.v1.set_random_seed(0)
+            built = builder(data, cap, **build_kw)
+            sess = tf.compat.v1.Session(graph=graph, config=session_config())
+            sess.run(built.init_ops)
+            if built.after_init is not None:
+                built.after_init()
+            sess.run(built.iterator_init, feed_dict=built.feed)
+            for _ in range(warmup):
+                sess.run(built.train_op)
+            if hook is not None:
+                hook(sess, built)
+            keys0 = built.new_keys() if built.new_keys else None
+            opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            step_s, wait_s, traces = [], [], []
+            i = 0
+            n_done = 0
+            while n_done < steps:
+                i += 1
+                traced = trace_every > 0 and i % trace_every == 0
+                if traced:
+                    md = tf.compat.v1.RunMetadata()
+                    t0 = time.perf_counter()
+                    sess.run(built.train_op, options=opts, run_metadata=md)
+                    dt = time.perf_counter() - t0
+                    wait_s.append(input_wait_us(md, built.get_next_name) * 1e-6)
+                    if keep_traces:
+                        traces.append(md)
+                    if trace_every == 1:
+                        step_s.append(dt)
+                        n_done += 1
+                else:
+                    t0 = time.perf_counter()
+                    sess.run(built.train_op)
+                    step_s.append(time.perf_counter() - t0)
+                    n_done += 1
+            new = None
+            if built.new_keys is not None:
+                new = (built.new_keys() - keys0) / i
+            loss = float(sess.run(built.loss)) if hook is None else float("nan")
+            return RunResult(step_s, wait_s, traces, loss, new)
+    finally:
+        if sess is not None:
+            sess.close()
+        if built is not None and built.close is not None:
+            built.close()
+        del built, sess, graph
+        gc.collect()
+
+
+def run_tf2(variant: str, data: Data, cap: int, warmup: int, steps: int) -> RunResult:
+    """TF2 variants: ``a_tf2`` (the dense ceiling, ``tf.compat.v1.train.AdamOptimizer`` as in
+    the Session variant) and ``b_tf2`` (tables + Keras 3 ``keras.optimizers.Adam``, which is
+    what ``tf.keras`` is in TF 2.21; it turns the tables' IndexedSlices gradients dense).
+    Eager iterator, ``tf.function`` step (jit off); input wait = wall time of ``next(it)``."""
+    it = iter(source_v2(data).prefetch(PREFETCH))
+    model = new_model()
+    caps = capacities(cap)
+    first = next(it)
+    const = tf.fill([BATCH, DIM], tf.constant(0.01, tf.float32))
+    if variant == "a_tf2":
+        tables = []
+        opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"], HP["beta2"],
+                                               HP["epsilon"])
+    else:
+        import keras
+
+        tables = [tf.Variable(tf.random.truncated_normal([v, DIM], stddev=STDDEV, seed=j + 1),
+                              name=f"table_{f}") for j, (f, v) in enumerate(zip(FEATURES, caps))]
+        opt = keras.optimizers.Adam(learning_rate=HP["learning_rate"], beta_1=HP["beta1"],
+                                    beta_2=HP["beta2"], epsilon=HP["epsilon"])
+
+    def forward(batch):
+        if tables:
+            embs = [tf.nn.embedding_lookup(t, tf.math.floormod(batch[f], v))
+                    for t, f, v in zip(tables, FEATURES, caps)]
+        else:
+            embs = [const] * len(FEATURES)
+        return bce(batch["label"], model(batch["dense"], embs))
+
+    forward(first)  # builds the model's variables eagerly
+    var_list = list(model.trainable_variables) + tables
+
+    @tf.function(jit_compile=False)
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss = forward(batch)
+        grads = tape.gradient(loss, var_list)
+        opt.apply_gradients(zip(grads, var_list))
+        return loss
+
+    for _ in range(warmup):
+        step(next(it))
+    step_s, wait_s = [], []
+    loss = None
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        loss = step(batch)
+        loss.numpy()  # the step's result is ready (eager ops are async only on GPUs)
+        t2 = time.perf_counter()
+        step_s.append(t2 - t0)
+        wait_s.append(t1 - t0)
+    return RunResult(step_s, wait_s, [], float(loss))
