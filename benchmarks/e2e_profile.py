@@ -94,9 +94,9 @@ def category(name: str, get_next: str) -> str:
     """The part of the step a node belongs to (by its name scope)."""
     if name == get_next:
         return INPUT
-    if "sparseflow_gather_" in name and not name.startswith("gradients/"):
+    if "sparseflow_gather" in name and not name.startswith("gradients/"):
         return GATHER_PY
-    if "sparseflow_update_" in name:
+    if "sparseflow_update" in name:
         return UPDATE_PY
     if name.startswith(("lookup/", "tables/")):
         return LOOKUP_FWD

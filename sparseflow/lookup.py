@@ -12,12 +12,15 @@ keys) are carried along and ignored by the optimizers.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from sparseflow import config as _config
 from sparseflow.featurespec.spec import FeatureSpec
+from sparseflow.ops import key_kernels as kk
 from sparseflow.pipeline.graph_cache import graph_cache
-from sparseflow.pipeline.insert_func import batch_restore, batch_rows, batch_seq
+from sparseflow.pipeline.insert_func import (batch_parts, batch_plan, batch_restore, batch_rows,
+                                             batch_seq)
 from sparseflow.table import SparseTable
 from sparseflow.validation import INT32_MAX, check_bool, check_int, fail
 
@@ -109,8 +112,19 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
             f"{hashtable.table_name!r}: map the dataset with get_asc_insert_func(tgt_key_specs="
             f"[...]) including this FeatureSpec before batch = iterator.get_next().")
 
+    id_tensor = batch[ids.index_key]
+    if serving_default_value is None:
+        flat_emb = _batch_embeddings(batch, batch_plan(batch, hashtable.table_name)).get(
+            ids.unique_name)
+        if flat_emb is not None:
+            with tf.name_scope(name or f"{hashtable.table_name}_lookup"):
+                if not (is_train and is_grad):
+                    flat_emb = tf.stop_gradient(flat_emb)
+                out = tf.reshape(flat_emb, tf.concat([tf.shape(id_tensor), [hashtable.dim]], 0))
+                out.set_shape(id_tensor.shape.concatenate([hashtable.dim]))
+                return out
     return _lookup(hashtable, rows, restore, batch_seq(batch, hashtable.table_name),
-                   batch[ids.index_key], name, is_train and is_grad, serving_default_value)
+                   id_tensor, name, is_train and is_grad, serving_default_value)
 
 
 def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_default_value):
@@ -167,3 +181,126 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
         return values, grad
 
     return gather(table.gradient_anchor(), rows)
+
+
+# -- one gather (and one gradient) for every table of a batch --------------------------------
+
+def _batch_embeddings(batch: dict, plan) -> dict:
+    """Every feature spec's embeddings in ``batch``, flat (float32 ``[n_keys, dim]``), by
+    spec ``unique_name``, for the tables of ``plan`` that exist when the batch's first lookup
+    is built (a table created later is looked up on its own).
+
+    One numpy function gathers every table's unique rows and expands them by each spec's
+    restore vector; its gradient is one numpy function that sums each key's gradient into its
+    unique row by the same restore vector, handing each table an ``IndexedSlices`` over its
+    unique rows. With 26 tables, a numpy function per table plus the TF ops that expand and
+    segment-sum per feature cost more than the work itself (BENCHMARKS.md, end-to-end).
+    """
+    flat = batch[plan.flat_key]
+    cache = graph_cache(flat.graph, "batch_embeddings")
+    if flat.name not in cache:
+        cache[flat.name] = _build_batch_embeddings(batch, plan)
+    return cache[flat.name]
+
+
+def _build_batch_embeddings(batch: dict, plan) -> dict:
+    rt = _config.runtime("sparse_lookup")
+    flat, sizes = batch[plan.flat_key], batch[plan.sizes_key]
+    parts = batch_parts(batch, plan)
+    tables = [rt.tables[n] for n in plan.tables if n in rt.tables]
+    if not tables:
+        return {}
+    # Per distinct dim, one output: (table, its rows' part, [(spec, its restore part)]).
+    groups = []
+    for dim in sorted({t.dim for t in tables}):
+        groups.append((dim, [(t, plan.part_index(t.table_name),
+                              [(s, plan.part_index(t.table_name, s))
+                               for s in plan.tables[t.table_name]])
+                             for t in tables if t.dim == dim]))
+    n_parts = plan.n_parts
+
+    def bounds(part_sizes):
+        ends = np.cumsum(part_sizes[:n_parts])
+        return ends - part_sizes[:n_parts], ends
+
+    @tf.autograph.experimental.do_not_convert
+    def gather_all(flat, part_sizes):
+        starts, ends = bounds(part_sizes)
+        outs = []
+        for dim, members in groups:
+            total = int(sum(part_sizes[r] for _, _, specs in members for _, r in specs))
+            out = np.empty((total, dim), np.float32)
+            at = 0
+            for table, w, specs in members:
+                rows = flat[starts[w]:ends[w]]
+                storage = table.rows.allocate()
+                for _, r in specs:
+                    n = int(part_sizes[r])
+                    kk.expand_rows(storage, rows, flat[starts[r]:ends[r]], dim, out[at:at + n])
+                    at += n
+                # The batch's rows are read. With an optimizer bound, evicted rows are freed
+                # only after its update has run (it calls drain).
+                table.processor.release(int(part_sizes[n_parts + w]),
+                                        drain=table.rows.optimizer is None)
+            outs.append(out)
+        return outs
+
+    @tf.autograph.experimental.do_not_convert
+    def sum_all(flat, part_sizes, *grads):
+        starts, ends = bounds(part_sizes)
+        outs = []
+        for (dim, members), grad in zip(groups, grads):
+            grad = np.ascontiguousarray(grad, np.float32)
+            out = np.zeros((int(sum(part_sizes[w] for _, w, _ in members)), dim), np.float32)
+            at = at_unique = 0
+            for _, w, specs in members:
+                n_unique = int(part_sizes[w])
+                for _, r in specs:
+                    n = int(part_sizes[r])
+                    kk.sum_by_restore(grad[at:at + n], flat[starts[r]:ends[r]],
+                                      out[at_unique:at_unique + n_unique])
+                    at += n
+                at_unique += n_unique
+            outs.append(out)
+        return outs
+
+    def split(tensor, part_indices):
+        counts = tf.stack([tf.shape(parts[i])[0] for i in part_indices])
+        return tf.split(tensor, counts, num=len(part_indices))
+
+    @tf.custom_gradient
+    def gather(*anchors):
+        del anchors  # only carry the gradients to the tables
+        outs = tf.numpy_function(gather_all, [flat, sizes], [tf.float32] * len(groups),
+                                 stateful=True, name="sparseflow_gather")
+        for (dim, _), out in zip(groups, outs):
+            out.set_shape([None, dim])
+
+        def grad(*dys):
+            dys = [tf.zeros_like(out) if dy is None else tf.convert_to_tensor(dy)
+                   for dy, out in zip(dys, outs)]
+            # After the gather: an update applied from this gradient must not overwrite the
+            # rows before the batch has read them (a loss linear in the embeddings gives a
+            # gradient that does not depend on them).
+            with tf.control_dependencies(outs):
+                summed = tf.numpy_function(sum_all, [flat, sizes, *dys],
+                                           [tf.float32] * len(groups), stateful=False,
+                                           name="sparseflow_gather_grad")
+            by_table = {}
+            for (dim, members), total in zip(groups, summed):
+                total.set_shape([None, dim])
+                pieces = split(total, [w for _, w, _ in members])
+                for (table, w, _), piece in zip(members, pieces):
+                    by_table[table.table_name] = tf.IndexedSlices(
+                        piece, parts[w], tf.constant([table.capacity(), dim], tf.int64))
+            return [by_table[t.table_name] for t in tables]
+
+        return list(outs), grad
+
+    outs = gather(*[t.gradient_anchor() for t in tables])
+    embeddings = {}
+    for (dim, members), out in zip(groups, outs):
+        specs = [(s, r) for _, _, pairs in members for s, r in pairs]
+        for (spec, _), piece in zip(specs, split(out, [r for _, r in specs])):
+            embeddings[spec.unique_name] = piece
+    return embeddings

@@ -117,10 +117,19 @@ class HostRows:
             return
         init_kernels.fill_rows(storage, rows, keys.view(np.uint64), *self._fill_args)
 
-    def gather(self, rows: np.ndarray) -> np.ndarray:
-        """Weights of ``rows`` as float32 ``[len(rows), dim]``; zeros where a row is -1."""
+    def gather(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Weights of ``rows`` as float32 ``[len(rows), dim]``; zeros where a row is -1.
+
+        Args:
+          rows: int32 row numbers (or -1).
+          out: optional C-contiguous float32 ``[len(rows), dim]`` to write into.
+
+        Returns:
+          ``out`` (or a new array) holding the weights.
+        """
         rows = np.ascontiguousarray(rows, np.int32)
-        out = np.empty((rows.shape[0], self.dim), np.float32)
+        if out is None:
+            out = np.empty((rows.shape[0], self.dim), np.float32)
         gather_rows(self.allocate(), rows, self.dim, out)
         return out
 

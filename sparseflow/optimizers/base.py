@@ -1,8 +1,8 @@
 """The sparse optimizer: lazy updates of the rows a batch touched, on host storage.
 
 ``apply_gradients(zip(grads, tables))`` takes, per table, the ``IndexedSlices`` that
-``tf.gradients(loss, table)`` returns and builds one ``tf.numpy_function`` per table that runs a
-fused numba update over the table's interleaved ``[weights | slots]`` rows. Duplicate rows are
+``tf.gradients(loss, table)`` returns and builds one ``tf.numpy_function`` for all of them that
+runs, table by table, a fused numba update over the interleaved ``[weights | slots]`` rows. Duplicate rows are
 summed first; rows of -1 (unadmitted keys) are skipped; untouched rows never change.
 """
 
@@ -74,39 +74,47 @@ class SparseOptimizer:
         """
         from sparseflow.table import SparseTable  # the table module imports TF wiring
 
-        updates = []
+        pairs = []
+        for grad, table in grads_and_vars:
+            if not isinstance(table, SparseTable):
+                fail("grads_and_vars", "pairs (gradient, sparseflow table); dense variables "
+                     "go to a dense TF optimizer", table, TypeError)
+            if grad is None:
+                continue
+            if not isinstance(grad, tf.IndexedSlices):
+                fail("grads_and_vars", "gradients from tf.gradients(loss, table) "
+                     "(IndexedSlices)", type(grad).__name__, TypeError)
+            table.rows.bind_optimizer(self)
+            pairs.append((grad, table))
         with tf.name_scope(name or self.name):
-            for grad, table in grads_and_vars:
-                if not isinstance(table, SparseTable):
-                    fail("grads_and_vars", "pairs (gradient, sparseflow table); dense variables "
-                         "go to a dense TF optimizer", table, TypeError)
-                if grad is None:
-                    continue
-                if not isinstance(grad, tf.IndexedSlices):
-                    fail("grads_and_vars", "gradients from tf.gradients(loss, table) "
-                         "(IndexedSlices)", type(grad).__name__, TypeError)
-                table.rows.bind_optimizer(self)
+            updates = []
+            if pairs:
+                # One numpy function for every table: per-call overhead and the Python around
+                # 26 calls cost more than the update kernels (BENCHMARKS.md, end-to-end).
+                inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
                 updates.append(tf.numpy_function(
-                    self._make_apply(table), [grad.indices, grad.values], tf.int64,
-                    stateful=True, name=f"sparseflow_update_{table.table_name}"))
+                    self._make_apply([table for _, table in pairs]), inputs, tf.int64,
+                    stateful=True, name="sparseflow_update"))
             if global_step is not None:
                 with tf.control_dependencies(updates):
                     return tf.compat.v1.assign_add(global_step, 1).op
             return tf.group(*updates)
 
-    def _make_apply(self, table):
+    def _make_apply(self, tables):
         @tf.autograph.experimental.do_not_convert
-        def apply(rows, values):
-            storage = table.rows.allocate()
-            with self._lock:
-                step = self._steps.get(table.table_name, 0) + 1
-                self._steps[table.table_name] = step
-            self._update(storage, rows, np.ascontiguousarray(values, np.float32), step)
-            processor = table.processor
-            with processor.lock:  # for incremental checkpoints: these rows changed
-                processor.dirty[rows[rows >= 0]] = True
-            processor.drain()  # evicted rows the gathered batches held may now be reused
-            return np.int64(step)
+        def apply(*arrays):
+            for j, table in enumerate(tables):
+                rows, values = arrays[2 * j], arrays[2 * j + 1]
+                storage = table.rows.allocate()
+                with self._lock:
+                    step = self._steps.get(table.table_name, 0) + 1
+                    self._steps[table.table_name] = step
+                self._update(storage, rows, np.ascontiguousarray(values, np.float32), step)
+                processor = table.processor
+                with processor.lock:  # for incremental checkpoints: these rows changed
+                    processor.dirty[rows[rows >= 0]] = True
+                processor.drain()  # evicted rows the gathered batches held may now be reused
+            return np.int64(len(tables))
         return apply
 
     def _update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray,

@@ -83,14 +83,26 @@ def _plans_of(batch: dict):
             yield rt.insert_plans[int(key[len(prefix):])]
 
 
-def _part(batch: dict, plan: InsertPlan, index: int) -> tf.Tensor:
+def batch_parts(batch: dict, plan: InsertPlan) -> list:
+    """Every part of ``plan``'s flat array in ``batch`` (each table's rows, then each spec's
+    restore vector), split out by one op that every lookup of the batch shares."""
     flat, sizes = batch[plan.flat_key], batch[plan.sizes_key]
     cache = graph_cache(flat.graph, "batch_parts")
-    key = (flat.name, index)
-    if key not in cache:
-        start = tf.reduce_sum(sizes[:index])
-        cache[key] = tf.slice(flat, tf.reshape(start, [1]), tf.reshape(sizes[index], [1]))
-    return cache[key]
+    if flat.name not in cache:
+        cache[flat.name] = tf.split(flat, sizes[:plan.n_parts], num=plan.n_parts)
+    return cache[flat.name]
+
+
+def _part(batch: dict, plan: InsertPlan, index: int) -> tf.Tensor:
+    return batch_parts(batch, plan)[index]
+
+
+def batch_plan(batch: dict, table_name: str) -> InsertPlan | None:
+    """The insert plan that produced ``table_name``'s rows in ``batch``, or None."""
+    for plan in _plans_of(batch):
+        if plan.part_index(table_name) is not None:
+            return plan
+    return None
 
 
 def batch_rows(batch: dict, table_name: str) -> tf.Tensor | None:
