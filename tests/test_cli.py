@@ -72,6 +72,16 @@ output: {{dir: {tmp_path / "out"}}}
     return str(path)
 
 
+def first_eval_batch_probabilities(cfg, checkpoint_dir) -> np.ndarray:
+    """The eval graph's probabilities on the first eval batch, restored from the checkpoint."""
+    with runner.job_graph(cfg, training=False, evaluation=True) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        job.saver.restore(sess, runner.resolve_checkpoint(str(checkpoint_dir)))
+        sess.run(job.eval_iterator.initializer)
+        return sess.run(job.eval.probabilities)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_runtime():
     sf.terminate_config_initializer()
@@ -172,13 +182,7 @@ def test_exported_saved_model_predicts_as_the_eval_graph(tmp_path, model):
     runner.train(cfg, stream=io.StringIO())
     saved = export(cfg, str(tmp_path / "out"), str(tmp_path / "saved"))
 
-    # The eval graph's probabilities on the first eval batch, from the checkpoint.
-    with runner.job_graph(cfg, training=False, evaluation=True) as job, \
-            tf.compat.v1.Session(graph=job.graph) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        job.saver.restore(sess, runner.resolve_checkpoint(str(tmp_path / "out")))
-        sess.run(job.eval_iterator.initializer)
-        expected = sess.run(job.eval.probabilities)
+    expected = first_eval_batch_probabilities(cfg, tmp_path / "out")
     # The same raw batch, straight from the data pipeline, into the SavedModel.
     batch = next(iter(make_dataset(cfg.data, cfg.columns, "eval",
                                    batch_size=cfg.schedule.batch_size, seed=cfg.schedule.seed)))
@@ -353,12 +357,7 @@ output: {{dir: {tmp_path / 'out'}}}
     cfg = load_config(str(config))
     runner.train(cfg, stream=io.StringIO())
     saved = export(cfg, str(tmp_path / "out"), str(tmp_path / "served"))
-    with runner.job_graph(cfg, training=False, evaluation=True) as job, \
-            tf.compat.v1.Session(graph=job.graph) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        job.saver.restore(sess, runner.resolve_checkpoint(str(tmp_path / "out")))
-        sess.run(job.eval_iterator.initializer)
-        expected = sess.run(job.eval.probabilities)
+    expected = first_eval_batch_probabilities(cfg, tmp_path / "out")
     rows = slice(3584, 3584 + 128)   # the first eval batch, as raw values
     padded_tags = [(t + ["", "", ""])[:3] for t in tags[rows]]
     served = tf.saved_model.load(saved).signatures["serving_default"](
