@@ -26,6 +26,7 @@ bench: $(VENV)/.installed  ## each benchmark prints its table; add --write to re
 	$(PY) benchmarks/bench_key_processing.py
 	$(PY) benchmarks/bench_lazy_adam.py
 	$(PY) benchmarks/bench_index_capacity.py
+	$(PY) benchmarks/e2e.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,24 +1,36 @@
-"""Profile of ``benchmarks/e2e.py``'s sparseflow variant (d) against the dense ceiling (a).
+"""Profile of ``benchmarks/e2e.py``'s sparseflow variant (d) against the dense ceiling (a)
+and plain TF's lazy Adam (c).
 
-Three measurements, all in one process:
+Measurements, all in one process, interleaved over rounds (medians over rounds):
 
-1. Per-op times: (a) and (d) with every step traced (``RunOptions.FULL_TRACE``); each node's
-   wall time (``all_end_rel_micros``) summed per category and averaged per step. TF runs up to
-   two ops at once here (2 cores), so categories can add up to more than the step's wall time.
-   In (d) the tables' numpy functions are wrapped (in this process only; sparseflow is not
-   modified) to time the numba kernels inside them: what the node costs beyond the kernel is
-   numpy_function/Python overhead and waiting for the GIL.
-2. The input pipeline alone: (d)'s graph with only ``IteratorGetNext`` fetched (key
-   processing, no training), against the source alone ((a)'s graph, same fetch).
-3. (d) with its input processed ahead: a finite stream and a prefetch buffer as long as the
-   timed window; after the warm-up the script waits until the process is idle (the pipeline
-   has filled the buffer), then times the steps. The difference to the normal run is what the
-   pipeline's concurrent work costs the step (competition for the two cores and the GIL).
+1. Per-op times: (a), (c) and (d) with every step traced (``RunOptions.FULL_TRACE``); each
+   node's wall time (``all_end_rel_micros``) summed per category (by node name, see
+   ``category``) and averaged per step. TF runs ops concurrently on the machine's cores, so
+   categories can add up to more than the step's wall time.
+2. Inside (d)'s numpy functions, during the same traced steps: the kernels that
+   ``sparseflow.lookup`` calls through its ``kk`` module (``expand_rows`` in the gather,
+   ``sum_by_restore`` in its gradient), the sparse optimizer's ``_update`` (the lazy Adam
+   kernel) and the tables' ``KeyProcessor.process`` / ``release`` / ``drain`` are wrapped
+   with timers, in this process only and only for that run (nothing in sparseflow/ is
+   changed): what a numpy function's node costs beyond its kernels is the numpy_function
+   call, argument conversion, the Python around the kernels and any wait for the GIL or a
+   table lock. ``HostRows.gather`` (the per-table path) is wrapped too, to check that this
+   path does not use it.
+3. The input pipeline alone: (d)'s graph with only ``IteratorGetNext`` fetched (key
+   processing, no training), sequential and with a parallel map, against the source alone
+   ((a)'s graph, same fetch): wall time and process CPU time per batch.
+4. Untraced steps: (a), (c), (d), (d) with its input processed ahead (a finite stream and a
+   prefetch buffer as long as the timed window; after the warm-up the script waits until the
+   process is idle, so no key processing runs during the timed steps) and (d) with
+   ``num_parallel_calls=AUTOTUNE`` in the map. (d) minus (d) processed ahead is what the
+   pipeline's concurrent work costs the step.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -26,9 +38,14 @@ from collections import defaultdict
 import e2e_variants as ev
 import tensorflow as tf
 
+import sparseflow.lookup as sf_lookup
+from sparseflow.embed.host_rows import HostRows
+
+# -- timers ---------------------------------------------------------------------------------
+
 
 class Timers:
-    """Thread-safe accumulated seconds, calls and items (rows) per label."""
+    """Thread-safe accumulated seconds, calls and items (rows or keys) per label."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -39,65 +56,126 @@ class Timers:
             self.total = defaultdict(float)
             self.calls = defaultdict(int)
             self.items = defaultdict(int)
+            self.items2 = defaultdict(int)
 
-    def add(self, label, seconds, items=0):
+    def add(self, label, seconds, items=0, items2=0):
         with self.lock:
             self.total[label] += seconds
             self.calls[label] += 1
             self.items[label] += items
+            self.items2[label] += items2
 
 
-def _wrap(obj, attr, timers, label):
-    original = getattr(obj, attr)
+def _timed(fn, timers, label, count=None):
+    """``fn`` wrapped: its wall time (and ``count(args)`` -> (items, items2)) go to ``label``."""
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return original(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
-            # HostRows.gather(rows) and KeyProcessor.process(keys, ...): count the first
-            # argument's entries (LazyAdam._update's first argument is the storage).
-            items = len(args[0]) if attr in ("gather", "process") else 0
-            timers.add(label, time.perf_counter() - t0, items)
+            dt = time.perf_counter() - t0
+            items = count(args) if count is not None else (0, 0)
+            timers.add(label, dt, *items)
 
-    setattr(obj, attr, timed)   # an instance attribute: only this table / optimizer
+    return timed
+
+
+# Labels of the wrapped functions.
+EXPAND = "kk.expand_rows"          # in sparseflow_gather: args (storage, rows, restore, ...)
+SUM = "kk.sum_by_restore"          # in sparseflow_gather_grad: args (grads, restore, out)
+UPDATE = "optimizer _update"       # in sparseflow_update: args (storage, rows, grads, step)
+RELEASE = "KeyProcessor.release"   # in sparseflow_gather
+DRAIN = "KeyProcessor.drain"       # in sparseflow_update
+PROCESS = "KeyProcessor.process"   # in the tf.data thread (sparseflow_keys)
+HOST_GATHER = "HostRows.gather"    # the per-table path; expected unused here
+WRAPPED = (EXPAND, SUM, UPDATE, RELEASE, DRAIN, PROCESS, HOST_GATHER)
+
+
+class _KernelProxy:
+    """Stands in for ``sparseflow.lookup.kk`` (the ``key_kernels`` module): times
+    ``expand_rows`` and ``sum_by_restore``, passes everything else through. Only
+    ``sparseflow.lookup``'s name is rebound: other users of the module are untouched."""
+
+    def __init__(self, module, timers):
+        self._module = module
+        self.expand_rows = _timed(module.expand_rows, timers, EXPAND,
+                                  lambda a: (len(a[1]), len(a[2])))   # unique rows, keys
+        self.sum_by_restore = _timed(module.sum_by_restore, timers, SUM,
+                                     lambda a: (len(a[2]), len(a[1])))  # unique rows, keys
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
 
 
 def instrumented_sparseflow(timers):
+    """A (d) builder whose kernels report to ``timers``; ``restore()`` undoes the patches."""
+    patched = []
+
     def build(data, cap, **kw):
         built = ev.build_sparseflow(data, cap, **kw)
+        if not isinstance(sf_lookup.kk, _KernelProxy):
+            patched.append((sf_lookup, "kk", sf_lookup.kk))
+            sf_lookup.kk = _KernelProxy(sf_lookup.kk, timers)
         for table in built.tables:
-            _wrap(table.rows, "gather", timers, "gather kernel")
-            _wrap(table.processor, "process", timers, "key processor")
-        _wrap(built.sparse_opt, "_update", timers, "lazy adam kernel")
+            p = table.processor
+            p.process = _timed(p.process, timers, PROCESS, lambda a: (len(a[0]), 0))
+            p.release = _timed(p.release, timers, RELEASE)
+            p.drain = _timed(p.drain, timers, DRAIN)
+        opt = built.sparse_opt
+        opt._update = _timed(opt._update, timers, UPDATE, lambda a: (len(a[1]), 0))
+        original = HostRows.gather
+        patched.append((HostRows, "gather", original))
+        HostRows.gather = _timed(original, timers, HOST_GATHER, lambda a: (len(a[1]), 0))
         return built
+
+    def restore():
+        while patched:
+            obj, attr, value = patched.pop()
+            setattr(obj, attr, value)
+
+    build.restore = restore
     return build
 
 
+# -- op categories --------------------------------------------------------------------------
+
 INPUT = "input: IteratorGetNext (wait)"
-GATHER_PY = "lookup fwd: sparseflow gather numpy_function"
-LOOKUP_FWD = "lookup fwd: other ops (gather/slice/reshape)"
-LOOKUP_BWD = "lookup bwd: gather grads, segment sums"
+GATHER_PY = "`sparseflow_gather` numpy function"
+LOOKUP_FWD = "lookup fwd: other ops"
+GRAD_PY = "`sparseflow_gather_grad` numpy function"
+LOOKUP_BWD = "lookup bwd: other ops"
 MODEL_FWD = "model fwd + loss"
 MODEL_BWD = "model bwd"
 TRIANGLE = "model: dot interaction's triangle gather, fwd + bwd (in the two above)"
 DENSE_ADAM = "dense Adam"
-UPDATE_PY = "sparse Adam: sparseflow update numpy_function"
+UPDATE_PY = "`sparseflow_update` numpy function"
 SPARSE_OTHER = "sparse Adam: other ops"
 OTHER = "other"
-CATEGORIES = (INPUT, GATHER_PY, LOOKUP_FWD, LOOKUP_BWD, MODEL_FWD, MODEL_BWD, TRIANGLE,
-              DENSE_ADAM, UPDATE_PY, SPARSE_OTHER, OTHER)
+CATEGORIES = (INPUT, GATHER_PY, LOOKUP_FWD, GRAD_PY, LOOKUP_BWD, MODEL_FWD, MODEL_BWD,
+              TRIANGLE, DENSE_ADAM, UPDATE_PY, SPARSE_OTHER, OTHER)
+NUMPY_FUNCTIONS = (GATHER_PY, GRAD_PY, UPDATE_PY)
+MODEL = (MODEL_FWD, MODEL_BWD, DENSE_ADAM)   # the dense model's own ops, in every variant
+# Not part of any other category: the triangle is counted inside model fwd / bwd.
+OVERLAPPING = (TRIANGLE,)
+
+# sparseflow names its numpy functions; they sit under name scopes (the lookup's, the
+# gradient's, the optimizer's): lookup/sparseflow_gather,
+# gradients/lookup/IdentityN_grad/sparseflow_gather_grad, sparse_adam/sparseflow_update.
+_NUMPY_FN = re.compile(r"(?:^|/)(sparseflow_gather_grad|sparseflow_gather|sparseflow_update)"
+                       r"(?:_\d+)?$")
+_BY_FN = {"sparseflow_gather": GATHER_PY, "sparseflow_gather_grad": GRAD_PY,
+          "sparseflow_update": UPDATE_PY}
 _TRIANGLE = re.compile(r"^(gradients/)?dlrm(_\d+)?/GatherV2(_grad/|$)")
 
 
 def category(name: str, get_next: str) -> str:
-    """The part of the step a node belongs to (by its name scope)."""
+    """The part of the step a node belongs to (by its name and name scope)."""
     if name == get_next:
         return INPUT
-    if "sparseflow_gather" in name and not name.startswith("gradients/"):
-        return GATHER_PY
-    if "sparseflow_update" in name:
-        return UPDATE_PY
+    m = _NUMPY_FN.search(name)
+    if m:
+        return _BY_FN[m.group(1)]
     if name.startswith(("lookup/", "tables/")):
         return LOOKUP_FWD
     if name.startswith("gradients/lookup/"):
@@ -113,25 +191,58 @@ def category(name: str, get_next: str) -> str:
     return OTHER
 
 
+_DIGITS = re.compile(r"_\d+(?=/|$)")
+
+
 def breakdown(result, get_next: str):
-    """Mean ms per step per category, and the mean traced step span in ms."""
-    sums = defaultdict(float)
-    spans = []
+    """Per category: mean ms per step, nodes per step, and the 3 largest node groups (names
+    with their ``_N`` suffixes folded: ``lookup/strided_slice_7`` -> ``lookup/strided_slice``)
+    as [(name, nodes per step, ms per step)]; and the model's nodes (``MODEL``) by name, ms
+    per step."""
+    sums, counts = defaultdict(float), defaultdict(int)
+    groups = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    model = defaultdict(float)
     for md in result.traces:
-        nodes = ev.node_times(md)
-        start = min(s for _, s, _ in nodes)
-        end = max(s + d for _, s, d in nodes)
-        spans.append(end - start)
-        for name, _, dur in nodes:
-            sums[category(name, get_next)] += dur
+        for name, _, dur in ev.node_times(md):
+            c = category(name, get_next)
+            sums[c] += dur
+            if c in MODEL:
+                model[name] += dur
+            counts[c] += 1
+            g = groups[c][_DIGITS.sub("", name)]
+            g[0] += 1
+            g[1] += dur
             if _TRIANGLE.match(name):
                 sums[TRIANGLE] += dur
+                counts[TRIANGLE] += 1
     n = len(result.traces)
-    return {k: v / n / 1e3 for k, v in sums.items()}, sum(spans) / n / 1e3
+    ms = {k: v / n / 1e3 for k, v in sums.items()}
+    per_step = {k: v / n for k, v in counts.items()}
+    top = {c: [(name, k / n, us / n / 1e3)
+               for name, (k, us) in sorted(g.items(), key=lambda x: -x[1][1])[:3]]
+           for c, g in groups.items()}
+    return ms, per_step, top, {k: v / n / 1e3 for k, v in model.items()}
 
 
-def iterate_only(builder, data, cap, warmup, n, **kw) -> float:
-    """ms per batch of the graph's input pipeline alone (only IteratorGetNext is run)."""
+def model_diff(nodes_v: dict, nodes_a: dict) -> dict:
+    """The model's ops of a variant against (a)'s, by node name: those only the variant runs
+    (e.g. an embedding gradient (a)'s constants would not need), those only (a) runs, and the
+    ones both run (the same work), with their op time (ms per step)."""
+    shared = nodes_v.keys() & nodes_a.keys()
+    extra = nodes_v.keys() - nodes_a.keys()
+    a_only = nodes_a.keys() - nodes_v.keys()
+    return {"extra_n": len(extra), "extra_ms": sum(nodes_v[k] for k in extra),
+            "a_only_n": len(a_only), "a_only_ms": sum(nodes_a[k] for k in a_only),
+            "shared_n": len(shared), "shared_ms": sum(nodes_v[k] for k in shared),
+            "shared_a_ms": sum(nodes_a[k] for k in shared)}
+
+
+# -- pipeline alone -------------------------------------------------------------------------
+
+
+def iterate_only(builder, data, cap, warmup, n, **kw) -> tuple[float, float]:
+    """(wall ms, process CPU ms) per batch of the graph's input pipeline alone (only
+    IteratorGetNext is run)."""
     graph = tf.Graph()
     built = sess = None
     try:
@@ -145,10 +256,10 @@ def iterate_only(builder, data, cap, warmup, n, **kw) -> float:
             sess.run(built.iterator_init, feed_dict=built.feed)
             for _ in range(warmup):
                 sess.run(fetch)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 sess.run(fetch)
-            return (time.perf_counter() - t0) / n * 1e3
+            return ((time.perf_counter() - t0) / n * 1e3, (time.process_time() - c0) / n * 1e3)
     finally:
         if sess is not None:
             sess.close()
@@ -168,69 +279,101 @@ def wait_idle(sess, built, timeout=120.0, quiet_cpu_s=0.03, interval=0.3):
         last = now
 
 
-def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, log=print) -> dict:
-    """Every measurement, interleaved over ``rounds`` rounds (the machine is shared);
-    returns medians over rounds for the report."""
-    import statistics
+# -- the profile ----------------------------------------------------------------------------
 
-    from e2e_fused import build_sparseflow_fused
+UNTRACED = ("a_ms", "c_ms", "d_ms", "d_prefilled_ms", "d_parallel_ms")
 
+
+def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=10,
+                log=print) -> dict:
+    """Every measurement, interleaved over ``rounds`` rounds (the machine is shared).
+
+    Returns medians over rounds: ``{v}_cats`` (ms per step per category), ``{v}_nodes``
+    (nodes per step per category), ``{v}_traced_ms`` for v in a, c, d; ``d_top`` (largest
+    node groups per category, last round); ``kernels`` {label: {ms, calls, items, items2}}
+    per step (``PROCESS``: per batch); the untraced runs' ms per step and input wait; the
+    pipeline-alone wall and CPU ms per batch; ``{v}_model``: ``model_diff`` of c and d against
+    a; ``rounds`` (every scalar per round). ``trace_every``: the untraced runs trace every
+    N-th step (not timed) for the input wait.
+    """
     n_tables = len(ev.FEATURES)
     acc = defaultdict(list)       # scalar -> per-round values
-    cats = {k: defaultdict(list) for k in ("a", "c", "d")}
+    cats = {v: defaultdict(list) for v in ("a", "c", "d")}
+    nodes = {v: defaultdict(list) for v in ("a", "c", "d")}
+    kern = {label: defaultdict(list) for label in WRAPPED}
+    mdiff = {v: defaultdict(list) for v in ("c", "d")}
+    top = {}
     for rnd in range(rounds):
         log(f"profile round {rnd + 1}/{rounds}")
+        model_nodes = {}
         for v, builder in (("a", ev.build_dense_ceiling), ("c", ev.build_tf_lazy_adam)):
             r = ev.run_graph(builder, data, cap, warmup, steps, trace_every=1, keep_traces=True)
-            c, _ = breakdown(r, "IteratorGetNext")
-            for k, x in c.items():
-                cats[v][k].append(x)
+            ms, cnt, _, model_nodes[v] = breakdown(r, "IteratorGetNext")
+            for k in ms:
+                cats[v][k].append(ms[k])
+                nodes[v][k].append(cnt[k])
             acc[f"{v}_traced_ms"].append(r.step_ms)
         timers = Timers()
-        r = ev.run_graph(instrumented_sparseflow(timers), data, cap, warmup, steps,
-                         trace_every=1, keep_traces=True,
-                         hook=lambda sess, built, timers=timers: timers.reset())
-        c, _ = breakdown(r, "IteratorGetNext")
-        for k, x in c.items():
-            cats["d"][k].append(x)
+        builder = instrumented_sparseflow(timers)
+        try:
+            r = ev.run_graph(builder, data, cap, warmup, steps, trace_every=1, keep_traces=True,
+                             hook=lambda sess, built, timers=timers: timers.reset())
+        finally:
+            builder.restore()
+        ms, cnt, top, model_nodes["d"] = breakdown(r, "IteratorGetNext")
+        for k in ms:
+            cats["d"][k].append(ms[k])
+            nodes["d"][k].append(cnt[k])
         acc["d_traced_ms"].append(r.step_ms)
-        # Kernel time inside the numpy functions per step (calls / 26 = steps or batches).
-        for label in ("gather kernel", "lazy adam kernel", "key processor"):
-            if timers.calls[label]:
-                acc[label].append(timers.total[label] / (timers.calls[label] / n_tables) * 1e3)
-        if timers.calls["gather kernel"]:
-            acc["unique rows"].append(timers.items["gather kernel"]
-                                      / (timers.calls["gather kernel"] / n_tables))
+        for v in ("c", "d"):
+            md = model_diff(model_nodes[v], model_nodes["a"])
+            for k, x in md.items():
+                mdiff[v][k].append(x)
+            acc[f"{v}_model_slower_ms"].append(md["shared_ms"] - md["shared_a_ms"])
+        # The traced window is exactly `steps` steps (the hook resets the timers after the
+        # warm-up; with a hook, run_graph evaluates no final loss). Key processing runs ahead
+        # in the tf.data thread: per batch = per n_tables calls.
+        for label in WRAPPED:
+            per = (timers.calls[label] / n_tables if label == PROCESS else steps) or 1
+            kern[label]["ms"].append(timers.total[label] / per * 1e3)
+            kern[label]["calls"].append(timers.calls[label] / per)
+            kern[label]["items"].append(timers.items[label] / per)
+            kern[label]["items2"].append(timers.items2[label] / per)
         # Untraced runs, back to back: the ceiling, (c), (d), and (d) changed one way at a
-        # time: input processed ahead, a parallel map, the fused prototype, and combinations.
+        # time: input processed ahead, a parallel map.
         pre = {"hook": wait_idle, "take": warmup + untraced_steps,
                "prefetch": untraced_steps + 2}
         par = {"parallel_map": tf.data.AUTOTUNE}
         runs = (
-            ("a_ms", ev.build_dense_ceiling, {}, 10),
-            ("c_ms", ev.build_tf_lazy_adam, {}, 10),
-            ("d_ms", ev.build_sparseflow, {}, 10),
+            ("a_ms", ev.build_dense_ceiling, {}, trace_every),
+            ("c_ms", ev.build_tf_lazy_adam, {}, trace_every),
+            ("d_ms", ev.build_sparseflow, {}, trace_every),
             ("d_prefilled_ms", ev.build_sparseflow, pre, 0),
-            ("d_parallel_ms", ev.build_sparseflow, par, 10),
-            ("d_fused_ms", build_sparseflow_fused, {}, 10),
-            ("d_fused_parallel_ms", build_sparseflow_fused, par, 10),
-            ("d_fused_prefilled_ms", build_sparseflow_fused, pre, 0),
+            ("d_parallel_ms", ev.build_sparseflow, par, trace_every),
         )
-        for key, builder, kw, trace_every in runs:
-            r = ev.run_graph(builder, data, cap, warmup, untraced_steps,
-                             trace_every=trace_every, **kw)
+        for key, b, kw, every in runs:
+            r = ev.run_graph(b, data, cap, warmup, untraced_steps, trace_every=every, **kw)
             acc[key].append(r.step_ms)
-            if key in ("d_ms", "d_fused_ms"):   # same batches, same math: same final loss
-                acc[key.replace("_ms", "_loss")].append(r.loss)
-            if trace_every:
+            if every:
                 acc[key.replace("_ms", "_wait")].append(r.wait_share)
-        acc["source_ms"].append(iterate_only(ev.build_dense_ceiling, data, cap, 3, steps))
-        acc["pipeline_ms"].append(iterate_only(ev.build_sparseflow, data, cap, 3, steps))
-        acc["pipeline_parallel_ms"].append(iterate_only(ev.build_sparseflow, data, cap, 3, steps,
-                                                        parallel_map=tf.data.AUTOTUNE))
+        for key, b, kw in (("source", ev.build_dense_ceiling, {}),
+                           ("pipeline", ev.build_sparseflow, {}),
+                           ("pipeline_parallel", ev.build_sparseflow, par)):
+            wall, cpu = iterate_only(b, data, cap, 3, steps, **kw)
+            acc[f"{key}_ms"].append(wall)
+            acc[f"{key}_cpu_ms"].append(cpu)
         log("  " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in acc.items()))
     out = {k: statistics.median(v) for k, v in acc.items()}
     out["rounds"] = dict(acc)
     for v in ("a", "c", "d"):
         out[f"{v}_cats"] = {k: statistics.median(x) for k, x in cats[v].items()}
+        out[f"{v}_nodes"] = {k: statistics.median(x) for k, x in nodes[v].items()}
+    for v in ("c", "d"):
+        out[f"{v}_model"] = {k: statistics.median(x) for k, x in mdiff[v].items()}
+    out["d_top"] = top
+    out["kernels"] = {label: {k: statistics.median(x) for k, x in d.items()}
+                      for label, d in kern.items()}
+    out["n_tables"] = n_tables
+    out["traced_steps"] = steps
+    out["cpus"] = len(os.sched_getaffinity(0))
     return out
