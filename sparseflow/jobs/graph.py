@@ -174,10 +174,24 @@ def _feature_specs(cfg: JobConfig, *, with_timestamp: bool) -> list:
 def _iterator(cfg: JobConfig, split: str, specs: list, is_training: bool, batch_size: int):
     dataset = make_dataset(cfg.data, cfg.columns, split, batch_size=batch_size,
                            seed=cfg.schedule.seed, repeat=is_training)
-    # A sequential map: with admission on, a parallel map would let the batch on which a key
-    # is admitted depend on thread timing (README, "Parallel map").
-    dataset = dataset.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=is_training))
+    dataset = dataset.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=is_training),
+                          num_parallel_calls=map_parallelism(cfg))
     return tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))
+
+
+def map_parallelism(cfg: JobConfig):
+    """``num_parallel_calls`` for the insert-function map: parallel only where it cannot change
+    the results.
+
+    With ``access_threshold`` <= 1 (or admission off) every key gets its row at its first
+    occurrence whatever the order batches are processed in, and a new row's initial values
+    depend only on the key, so a parallel map trains exactly as a sequential one. A higher
+    threshold makes the batch on which a key is admitted follow processing order (README,
+    "Parallel map"): those jobs keep a sequential map.
+    """
+    if all(t.access_threshold <= 1 for t in cfg.tables):
+        return tf.data.AUTOTUNE
+    return None
 
 
 def _sparse_optimizer(cfg: JobConfig):
