@@ -624,7 +624,11 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
     lines += ["", ("d/b uses the faster of the two (b) variants. d_par is (d) with a parallel "
                    "map: new keys are admitted, and get their rows, in the order batches "
                    "finish processing, which varies from run to run; (d)'s sequential map is "
-                   "deterministic, so the targets are evaluated on (d)."), "", METHOD.strip()]
+                   "deterministic, so the targets are evaluated on (d). With access_threshold 1, "
+                   "as here, the order changes only which row a key gets, never a value (a new "
+                   "row's initial values depend on the key alone): d_par's losses equal (d)'s, "
+                   "and YAML jobs (`sparseflow train`) map in parallel in exactly this case."),
+              "", METHOD.strip()]
     if prof is not None:
         lines += ["", "### Profile of (d) against (a) and (c)", "", PROFILE_METHOD.strip(), "",
                   render_profile(prof), "", render_findings(prof, summary, args.cap)]
