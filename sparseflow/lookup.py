@@ -8,6 +8,11 @@ that gather) with a numba kernel, then expanded with the spec's restore vector:
 The gradient w.r.t. the table is an ``IndexedSlices`` whose indices are the unique rows and whose
 values are the summed gradients of each row's occurrences; rows of -1 (unadmitted or unknown
 keys) are carried along and ignored by the optimizers.
+
+Under dynamic expansion every lookup takes the per-table path, and each training lookup adds
+its table's gathered unique rows (``unique_emb``, the "local embeddings") to the collection
+``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` and their rows as int64 addresses to
+``ASCEND_SPARSE_LOOKUP_ID_OFFSET``, once per table and batch, for the by-address optimizers.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from sparseflow.validation import INT32_MAX, check_bool, check_int, fail
 
 # Keyword arguments Rec SDK passes between its own layers; accepted so ported code runs.
 _REC_SDK_INTERNAL_KWARGS = frozenset({"feature_spec_name_ids_dict", "multi_lookup", "lookup_ids"})
+
+# Rec SDK's collections of the dynamic-expansion lookups (mx_rec.constants.constants).
+LOCAL_EMB_COLLECTION = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
+ADDRESS_COLLECTION = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
 
 
 def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, modify_graph=False,
@@ -55,7 +64,12 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         ``lookup_ids`` (ignored); anything else raises TypeError.
 
     Returns:
-      float32 tensor of shape ``batch[ids.index_key].shape + [dim]``.
+      float32 tensor of shape ``batch[ids.index_key].shape + [dim]``. Under
+      ``init(use_dynamic_expansion=True)`` a lookup with ``is_train=True`` also adds, once per
+      table and batch, the table's gathered unique rows (float32 ``[U, dim]``) to the graph
+      collection ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` and their addresses (int64 ``[U]``) to
+      ``ASCEND_SPARSE_LOOKUP_ID_OFFSET``, in the same order: differentiate the loss w.r.t.
+      the former and pass ``zip(grads, addresses)`` to a by-address optimizer.
 
     Raises:
       NotInitializedError, TypeError, ValueError: see the argument descriptions.
@@ -86,7 +100,7 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         from sparseflow.pipeline.graph_modifier import register_lookup
         rows, restore, seq = register_lookup(hashtable, ids, is_train, access_and_evict_config)
         return _lookup(hashtable, rows, restore, seq, ids, name, is_train and is_grad,
-                       serving_default_value)
+                       serving_default_value, is_train)
     if not isinstance(ids, FeatureSpec):
         fail("ids", "a FeatureSpec", ids, TypeError)
     if access_and_evict_config is not None:
@@ -113,7 +127,9 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
             f"[...]) including this FeatureSpec before batch = iterator.get_next().")
 
     id_tensor = batch[ids.index_key]
-    if serving_default_value is None:
+    # Dynamic expansion takes the per-table path: its gathered unique rows are the local
+    # embeddings the by-address optimizers are given gradients of.
+    if serving_default_value is None and not hashtable.expands:
         flat_emb = _batch_embeddings(batch, batch_plan(batch, hashtable.table_name)).get(
             ids.unique_name)
         if flat_emb is not None:
@@ -124,14 +140,17 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
                 out.set_shape(id_tensor.shape.concatenate([hashtable.dim]))
                 return out
     return _lookup(hashtable, rows, restore, batch_seq(batch, hashtable.table_name),
-                   id_tensor, name, is_train and is_grad, serving_default_value)
+                   id_tensor, name, is_train and is_grad, serving_default_value, is_train)
 
 
-def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_default_value):
+def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_default_value,
+            is_train):
     """Gathers the unique rows once per batch, expands them with ``restore`` and reshapes
     to ``id_tensor.shape + [dim]``."""
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         unique_emb = _unique_embeddings(table, rows, seq)
+        if is_train and table.expands:
+            _add_local_embeddings(table, rows, unique_emb)
         if serving_default_value is not None:
             default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])
             unique_emb = tf.where(tf.expand_dims(rows >= 0, 1), unique_emb,
@@ -151,6 +170,29 @@ def _unique_embeddings(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> t
     if key not in cache:
         cache[key] = _host_gather(table, rows, seq)
     return cache[key]
+
+
+def _add_local_embeddings(table: SparseTable, rows: tf.Tensor, unique_emb: tf.Tensor) -> None:
+    """Adds a table's local embeddings and addresses of one batch to Rec SDK's collections,
+    once however many lookups share them, and registers the address tensor so that a
+    by-address optimizer finds its table (``address_owner``)."""
+    cache = graph_cache(rows.graph, "local_embeddings")
+    key = (table.table_name, rows.name)
+    if key in cache:
+        return
+    address = tf.cast(rows, tf.int64, name=f"{table.table_name}_address")
+    cache[key] = address
+    graph_cache(rows.graph, "addresses")[address.name] = (table, unique_emb)
+    tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, unique_emb)
+    tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, address)
+
+
+def address_owner(address) -> tuple[SparseTable, tf.Tensor] | None:
+    """(table, local embeddings) of an address tensor from ``ASCEND_SPARSE_LOOKUP_ID_OFFSET``,
+    or None when ``address`` is no such tensor."""
+    if not isinstance(address, tf.Tensor) or not hasattr(address, "graph"):
+        return None
+    return graph_cache(address.graph, "addresses").get(address.name)
 
 
 def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:

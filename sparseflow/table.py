@@ -4,10 +4,15 @@ A :class:`SparseTable` joins the two halves of a table: the key processor (pipel
 key → row) and the host rows (embed side, row → values). It is also what
 ``get_dense_and_sparse_variable()`` returns as a "sparse variable": ``tf.gradients(loss, table)``
 yields an ``IndexedSlices`` over the table's rows, which the sparse optimizers consume.
+
+Under ``init(use_dynamic_expansion=True)`` a table has no row limit: its host rows start at one
+block and grow as keys arrive (``capacity()`` reports the rows allocated so far), and it is
+trained through the by-address optimizers (see ``sparseflow/optimizers/by_address.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -17,21 +22,26 @@ from sparseflow import config as _config
 from sparseflow.embed.host_rows import HostRows
 from sparseflow.embed.initializers import init_spec_from_tf
 from sparseflow.embed.table_config import TableConfig, make_table_config
+from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.pipeline.key_processor import KeyProcessor
+from sparseflow.validation import INT32_MAX, check_int
 
 
 HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
+DEFAULT_EXPANSION_BLOCK_ROWS = 1024
 
 
 class SparseTable:
     """One embedding table with host-resident rows.
 
     Use :func:`create_table` to make one. Attributes: ``table_name``, ``dim``, ``key_dtype``
-    (a ``tf.DType``), ``config`` (the validated :class:`TableConfig`).
+    (a ``tf.DType``), ``config`` (the validated :class:`TableConfig`), ``expands`` (dynamic
+    expansion: rows grow by blocks of ``expansion_block_rows``, never full).
     """
 
-    def __init__(self, table_config: TableConfig, seed: int):
+    def __init__(self, table_config: TableConfig, seed: int,
+                 expansion_block_rows: int | None = None):
         self.config = table_config
         self.table_name = table_config.name
         self.dim = table_config.dim
@@ -39,15 +49,25 @@ class SparseTable:
         spec = init_spec_from_tf(table_config.emb_initializer,
                                  (table_config.capacity, table_config.dim), seed,
                                  table_config.init_param)
-        self.rows = HostRows(self.table_name, table_config.capacity, self.dim, spec)
+        self.expands = expansion_block_rows is not None
         sketch = None
         if table_config.admission_counter == "sketch":
             sketch = CountMinSketch(table_config.sketch_width, table_config.sketch_depth,
                                     seed=seed % (2**63))
-        self.processor = KeyProcessor(self.table_name, table_config.capacity, None,
-                                      self.rows.initialize,
-                                      capacity_hint=min(table_config.capacity, 1 << 20),
-                                      sketch=sketch)
+        if self.expands:
+            # Rec SDK: the table starts at one row and grows with no overflow. The rows start
+            # at one block; the key processor's limit is the int32 row space.
+            self.rows = HostRows(self.table_name, 1, self.dim, spec,
+                                 expansion_block_rows=expansion_block_rows)
+            self.processor = KeyProcessor(self.table_name, INT32_MAX, None, self.rows.initialize,
+                                          capacity_hint=min(self.rows.capacity, 1 << 20),
+                                          sketch=sketch, tracked_rows=self.rows.capacity)
+        else:
+            self.rows = HostRows(self.table_name, table_config.capacity, self.dim, spec)
+            self.processor = KeyProcessor(self.table_name, table_config.capacity, None,
+                                          self.rows.initialize,
+                                          capacity_hint=min(table_config.capacity, 1 << 20),
+                                          sketch=sketch)
         self.access_threshold = -1   # -1: off (set from the training feature specs)
         self.eviction_threshold = -1
         self._thresholds: tuple[int, int] | None = None
@@ -61,8 +81,9 @@ class SparseTable:
         return self.processor.size
 
     def capacity(self) -> int:
-        """Rows the table can hold (device + host vocabulary size)."""
-        return self.processor.row_limit
+        """Rows the table can hold (device + host vocabulary size); under dynamic expansion,
+        the rows allocated so far (Rec SDK's "allocated rows"), which grow as keys arrive."""
+        return self.rows.capacity if self.expands else self.processor.row_limit
 
     def stats(self) -> dict:
         """Table statistics, at any time.
@@ -73,12 +94,18 @@ class SparseTable:
           ``keys_counted_not_admitted`` (None when a sketch counts them), ``evictions``
           (eviction runs), ``keys_evicted``
           (in total), ``capacity`` and ``clock`` (largest training timestamp, None before any).
+          Under dynamic expansion ``capacity`` is the rows allocated so far and ``rows_free``
+          counts the rows a new key can take without growing them.
         """
         p = self.processor
         with p.lock:
-            return {"keys_held": p.size, "rows_free": p.rows_free, "rows_waiting": p.rows_waiting,
+            rows_free = p.rows_free
+            if self.expands:  # allocated rows not handed out yet, plus the free list
+                rows_free = self.rows.capacity - p.rows_ever_used + int(
+                    p.state[kk.STATE_FREE_TOP])
+            return {"keys_held": p.size, "rows_free": rows_free, "rows_waiting": p.rows_waiting,
                     "keys_counted_not_admitted": p.keys_counted, "evictions": p.evictions,
-                    "keys_evicted": p.keys_evicted, "capacity": p.row_limit,
+                    "keys_evicted": p.keys_evicted, "capacity": self.capacity(),
                     "clock": None if p.clock == np.int64(-(2**63)) else int(p.clock)}
 
     def reserve_memory(self) -> None:
@@ -87,7 +114,8 @@ class SparseTable:
         By default host rows cost memory only once used, and the first row written into each
         memory page pays a page fault while the batch waits. Call this after
         ``start_asc_pipeline()`` to pay that once, up front: it makes resident
-        ``capacity x dim x (1 + optimizer slots) x 4`` bytes.
+        ``capacity x dim x (1 + optimizer slots) x 4`` bytes (under dynamic expansion, the
+        rows allocated so far; those added by later growth are committed as they are used).
 
         Raises:
           RuntimeError: called before ``start_asc_pipeline()`` (the optimizer slots, hence the
@@ -194,7 +222,16 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
         fixed-memory count-min sketch of ``sketch_width`` x ``sketch_depth`` uint32 counters,
         default 2^20 x 4 = 16 MiB, cleared at every eviction; estimates may over-count, never
         under-count, so a key may be admitted a little early — see
-        ``sparseflow/ops/count_min.py`` for the bound).
+        ``sparseflow/ops/count_min.py`` for the bound); and, under
+        ``init(use_dynamic_expansion=True)`` only, ``expansion_block_rows``: an int in
+        [1, 2^31-1] (default 1024), the rows the table starts with and grows by (in whole
+        blocks, at least doubling).
+
+    Under ``init(use_dynamic_expansion=True)`` (Rec SDK's dynamic expansion) the table has no
+    row limit: ``host_vocabulary_size`` and ``ssd_vocabulary_size`` are validated, then reset
+    to 0 as in Rec SDK; ``device_vocabulary_size`` only sets the shape ``[size, dim]`` that
+    fan-based initializers (glorot, variance scaling) compute their scale from. Train it with
+    a by-address optimizer (``sparseflow.optimizers.lazy_adam_by_addr`` ...).
 
     Returns:
       The :class:`SparseTable`.
@@ -202,21 +239,28 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     Raises:
       NotInitializedError: ``init`` was not called.
       RuntimeError: the pipeline has already started.
-      NotImplementedError: ``init(use_dynamic_expansion=True)`` (not available yet).
       TypeError, ValueError: an argument is invalid, or the name is taken.
     """
     rt = _config.runtime("create_table")
+    block_rows = kwargs.pop("expansion_block_rows", None)
     if rt.config.use_dynamic_expansion:
-        raise NotImplementedError(
-            "init(use_dynamic_expansion=True): dynamic expansion is not available yet, so no "
-            "table can be created in this mode. Use init(use_dynamic_expansion=False) (tables "
-            "allocate memory only as rows are used) and create_hash_optimizer.")
+        block_rows = check_int("expansion_block_rows",
+                               DEFAULT_EXPANSION_BLOCK_ROWS if block_rows is None else block_rows,
+                               1, INT32_MAX)
+    elif block_rows is not None:
+        raise ValueError("Argument `expansion_block_rows` must be None without "
+                         "init(use_dynamic_expansion=True): a fixed table allocates "
+                         f"device_vocabulary_size + host_vocabulary_size rows. Received: "
+                         f"{block_rows!r}")
     table_config = make_table_config(key_dtype, dim, name, emb_initializer,
                                      device_vocabulary_size=device_vocabulary_size,
                                      host_vocabulary_size=host_vocabulary_size,
                                      ssd_vocabulary_size=ssd_vocabulary_size,
                                      ssd_data_path=ssd_data_path, is_save=is_save,
                                      init_param=init_param, value_dtype=value_dtype, **kwargs)
+    if rt.config.use_dynamic_expansion:  # Rec SDK resets the host and SSD tiers
+        table_config = dataclasses.replace(table_config, host_vocabulary_size=0,
+                                           ssd_vocabulary_size=0)
     with rt.lock:
         if rt.pipeline_started:
             raise RuntimeError(
@@ -226,7 +270,7 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
             raise ValueError(f"Argument `name` must be unique: a table named "
                              f"{table_config.name!r} exists already (Duplicated hashtable name). "
                              f"Received: {table_config.name!r}")
-        table = SparseTable(table_config, _default_seed(table_config.name))
+        table = SparseTable(table_config, _default_seed(table_config.name), block_rows)
         rt.tables[table_config.name] = table
     # Rec SDK's collection of sparse tables (what get_dense_and_sparse_variable returns).
     tf.compat.v1.add_to_collection(HASHTABLE_COLLECTION, table)

@@ -160,12 +160,6 @@ def test_timestamp_collection_drives_eviction_in_graph_modification_mode(sf_init
     assert tf.compat.v1.get_collection("ASCEND_GLOBAL_HASHTABLE_COLLECTION")[0] is tu
 
 
-def test_dynamic_expansion_tables_say_it_is_not_available(graph):
-    sf.init(use_dynamic_expansion=True)
-    with pytest.raises(NotImplementedError, match=r"dynamic expansion is not available yet"):
-        sf.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer())
-
-
 def test_several_lookups_of_one_table_share_its_rows_and_dump_graph(sf_init, tmp_path,
                                                                    monkeypatch):
     monkeypatch.chdir(tmp_path)

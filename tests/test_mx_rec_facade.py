@@ -50,18 +50,15 @@ def test_collection_names():
         assert getattr(constants, name) == name
 
 
-@pytest.mark.parametrize("call", [
-    lambda: importlib.import_module(
-        "mx_rec.optimizers.lazy_adam_by_addr").create_hash_optimizer_by_address(),
-    lambda: importlib.import_module(
-        "mx_rec.optimizers.adagrad_by_addr").create_hash_optimizer_by_address(),
-    lambda: importlib.import_module(
-        "mx_rec.optimizers.gradient_descent_by_addr").create_hash_optimizer_by_addr(0.1),
-], ids=["lazy_adam_by_addr", "adagrad_by_addr", "sgd_by_addr"])
-def test_unsupported_features_say_so(call):
-    with pytest.raises(NotImplementedError, match=r"mx_rec facade: .* is not supported by "
-                                                  r"sparseflow yet"):
-        call()
+@pytest.mark.parametrize("module, factory", [
+    ("lazy_adam_by_addr", "create_hash_optimizer_by_address"),
+    ("adagrad_by_addr", "create_hash_optimizer_by_address"),
+    ("gradient_descent_by_addr", "create_hash_optimizer_by_addr"),
+])
+def test_by_address_optimizers_are_sparseflows(module, factory):
+    facade = importlib.import_module(f"mx_rec.optimizers.{module}")
+    ours = importlib.import_module(f"sparseflow.optimizers.{module}")
+    assert getattr(facade, factory) is getattr(ours, factory)
 
 
 def test_graph_modifier_hook_without_modification_starts_the_pipeline(sf_init):

@@ -1,5 +1,5 @@
-"""Rec SDK ``mx_rec.optimizers.adagrad_by_addr`` (dynamic expansion: not available yet)."""
+"""Rec SDK ``mx_rec.optimizers.adagrad_by_addr`` (dynamic expansion)."""
 
-from mx_rec._unsupported import by_address_optimizer as create_hash_optimizer_by_address
+from sparseflow.optimizers.adagrad_by_addr import create_hash_optimizer_by_address
 
 __all__ = ["create_hash_optimizer_by_address"]

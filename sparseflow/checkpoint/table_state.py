@@ -91,7 +91,11 @@ def capture(table, window=None) -> TableState:
         keys, rows, counts = processor.index.entries()
         admitted = rows >= 0
         if window is not None:
-            admitted &= window[0][np.maximum(rows, 0)]
+            # Under dynamic expansion rows may have been added since the window was taken:
+            # past its end, a row is new, hence changed.
+            marks = window[0]
+            inside = rows < marks.shape[0]
+            admitted &= ~inside | marks[np.where(inside, np.maximum(rows, 0), 0)]
         counted = rows < 0
         order = np.argsort(rows[admitted], kind="stable")  # row order: a sequential read
         keys_a, counts_a, rows_a = keys[admitted][order], counts[admitted][order], \
@@ -116,7 +120,7 @@ def restore_window(table, window) -> None:
     """Gives back a window from :func:`take_window` whose state was not saved."""
     processor = table.processor
     with processor.lock:
-        processor.dirty |= window[0]
+        processor.dirty[:window[0].shape[0]] |= window[0]  # it may have grown since
         processor.tombstones = list(window[1]) + processor.tombstones
 
 
@@ -178,6 +182,8 @@ def apply(table, state: TableState, source: str) -> None:
         index.insert(state.keys, np.arange(n, dtype=np.int32), state.counts)
         if m:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
+        host.ensure_rows(n)  # dynamic expansion: grow to the checkpoint's keys
+        processor.cover_rows(n)
         storage = host.allocate()
         # A table without optimizer slots (an inference graph) takes the weights only.
         storage[:n] = state.values[:, :storage.shape[1]]

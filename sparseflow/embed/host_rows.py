@@ -4,10 +4,16 @@
 ``[weights | slot 1 | slot 2]`` so that an optimizer update touches one contiguous span. It is
 allocated when the first rows are initialised (by then the optimizer, which decides the slot
 count, is bound), zero-filled lazily by the OS, so untouched capacity costs no memory.
+
+Under dynamic expansion (``expansion_block_rows`` set) the storage starts at one block of rows
+and grows (see :meth:`HostRows.ensure_rows`) as the key processor hands out rows past it; it
+never shrinks. Growth replaces ``storage`` by a larger copy, so every read or write of rows from
+outside the key processor's lock goes through :meth:`HostRows.pinned`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -15,6 +21,7 @@ import numpy as np
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import init_kernels
 from sparseflow.ops.key_kernels import gather_rows
+from sparseflow.validation import INT32_MAX
 
 
 class HostRows:
@@ -22,14 +29,19 @@ class HostRows:
 
     Args:
       name: the table's name, for messages.
-      capacity: number of rows.
+      capacity: number of rows (fixed); under expansion, the rows to allocate at first
+        (rounded up to a whole block).
       dim: embedding width.
       init_spec: how weights of new rows are drawn.
+      expansion_block_rows: None for a fixed capacity; else dynamic expansion: the storage
+        grows in whole blocks of this many rows (at least doubling), up to 2^31 - 1 rows.
     """
 
-    def __init__(self, name: str, capacity: int, dim: int, init_spec: InitSpec):
+    def __init__(self, name: str, capacity: int, dim: int, init_spec: InitSpec, *,
+                 expansion_block_rows: int | None = None):
         self.name = name
-        self.capacity = capacity
+        self.block_rows = expansion_block_rows
+        self.capacity = capacity if expansion_block_rows is None else self._grown(capacity, 0)
         self.dim = dim
         self.init_spec = init_spec
         self.slot_values: tuple[float, ...] = ()
@@ -38,7 +50,20 @@ class HostRows:
         self.storage: np.ndarray | None = None
         self.closed = False
         self._fill_args: tuple | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()         # first allocation
+        # Dynamic expansion only. Growth copies the rows into a new array and swaps it in; an
+        # optimizer update still running on the old array after the copy would be lost. So
+        # growth holds this lock, and so does every gather and update of the TF step thread
+        # (through pinned()). Growth itself only runs under the key processor's lock (new rows,
+        # a restore), so the key processor's own writes (initialising rows no batch holds yet)
+        # need no pinning. Lock order: key processor's lock, then this one; pinned() holders
+        # never take the key processor's lock.
+        self._resize_lock = threading.Lock()
+
+    @property
+    def expands(self) -> bool:
+        """Whether the storage grows (dynamic expansion)."""
+        return self.block_rows is not None
 
     def bind_optimizer(self, optimizer) -> None:
         """Fixes the slot layout from ``optimizer`` (``slot_names``, ``slot_initial_values``).
@@ -72,6 +97,9 @@ class HostRows:
     def allocate(self) -> np.ndarray:
         """Allocates the storage if not yet done; returns it.
 
+        Under dynamic expansion the array returned may be replaced by a larger one later:
+        outside the key processor's lock, use :meth:`pinned` instead.
+
         Raises:
           RuntimeError: the table was closed by ``terminate_config_initializer()``.
         """
@@ -84,13 +112,57 @@ class HostRows:
                     self.storage = np.zeros((self.capacity, self.width), np.float32)
         return self.storage
 
+    @contextlib.contextmanager
+    def pinned(self):
+        """Yields the storage, which growth does not replace until the block exits.
+
+        Hold it around every gather or update made outside the key processor's lock. For a
+        fixed-capacity table it takes no lock.
+        """
+        if self.block_rows is None:
+            yield self.allocate()
+            return
+        with self._resize_lock:
+            yield self.allocate()
+
+    def ensure_rows(self, n: int) -> None:
+        """Makes rows ``[0, n)`` exist: under dynamic expansion, grows the storage to the
+        next whole block at or above ``max(n, 2 x capacity)``, copying the rows held.
+
+        The caller holds the key processor's lock (the only place rows are handed out), so
+        growth never runs twice at once.
+
+        Raises:
+          IndexError: ``n`` exceeds a fixed capacity, or 2^31 - 1 rows under expansion.
+        """
+        if n <= self.capacity:
+            return
+        if self.block_rows is None or n > INT32_MAX:
+            raise IndexError(f"Table `{self.name}`: row {n - 1} is past its "
+                             f"{self.capacity if self.block_rows is None else INT32_MAX} rows.")
+        capacity = self._grown(n, self.capacity)
+        with self._resize_lock:  # no gather or update runs on the old array from here
+            if self.storage is not None:
+                grown = np.zeros((capacity, self.storage.shape[1]), np.float32)
+                grown[:self.capacity] = self.storage
+                self.storage = grown
+            self.capacity = capacity
+
+    def _grown(self, needed: int, current: int) -> int:
+        """Doubling amortises the copies (each row is copied O(1) times on average); whole
+        blocks keep the size a multiple of ``block_rows``."""
+        target = max(needed, 2 * current, 1)
+        blocks = -(-target // self.block_rows)
+        return min(blocks * self.block_rows, INT32_MAX)
+
     def commit_memory(self, first_unused_row: int) -> None:
         """Touches the pages of rows ``[first_unused_row, capacity)`` now, so that those rows
         pay no first-touch page fault when they are handed out later.
 
         Rows below ``first_unused_row`` may hold trained values and are not written; the caller
         holds the key processor's lock so that no row is handed out meanwhile. Allocates the
-        storage if needed; makes ``capacity x width x 4`` bytes resident.
+        storage if needed; makes ``capacity x width x 4`` bytes resident (under expansion, the
+        rows allocated so far).
         """
         storage = self.allocate()
         storage[first_unused_row:].fill(0.0)  # never-used rows hold zeros either way
@@ -98,10 +170,17 @@ class HostRows:
     def initialize(self, rows: np.ndarray, keys: np.ndarray) -> None:
         """Draws fresh weights for ``rows`` (deterministic per key) and resets their slots.
 
+        Called by the key processor under its lock. Under dynamic expansion it first grows the
+        storage to hold ``rows``; no pinning is needed for the writes: only this caller grows
+        the storage, and no batch holds these rows yet.
+
         Args:
-          rows: int32 row indices in ``[0, capacity)``, from the key processor.
+          rows: int32 row indices in ``[0, capacity)`` (under expansion, any row >= 0), from
+            the key processor.
           keys: int64 keys, one per row.
         """
+        if self.block_rows is not None and rows.shape[0]:
+            self.ensure_rows(int(rows.max()) + 1)
         storage = self.allocate()
         if self._fill_args is None:
             # Validate the layout once through the checked wrapper; later calls come from the
@@ -130,14 +209,15 @@ class HostRows:
         rows = np.ascontiguousarray(rows, np.int32)
         if out is None:
             out = np.empty((rows.shape[0], self.dim), np.float32)
-        gather_rows(self.allocate(), rows, self.dim, out)
+        with self.pinned() as storage:
+            gather_rows(storage, rows, self.dim, out)
         return out
 
     def slots(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Each optimizer slot of ``rows``, by slot name, as ``[len(rows), dim]`` copies."""
-        storage = self.allocate()
-        return {name: storage[rows, self.dim * (i + 1):self.dim * (i + 2)].copy()
-                for i, name in enumerate(self.slot_names)}
+        with self.pinned() as storage:
+            return {name: storage[rows, self.dim * (i + 1):self.dim * (i + 2)].copy()
+                    for i, name in enumerate(self.slot_names)}
 
     def close(self) -> None:
         """Releases the storage; any later use raises."""

@@ -28,14 +28,20 @@ class SparseOptimizer:
     """
 
     slot_names: tuple[str, ...] = ()
+    by_address = False   # the by-address optimizers (dynamic expansion only) set True
 
     def __init__(self, hparams: dict):
         rt = _config.runtime(type(self).__name__)
-        if rt.config.use_dynamic_expansion:
+        if rt.config.use_dynamic_expansion and not self.by_address:
             raise ValueError(
                 "The dynamic expansion mode is not compatible with the optimizer "
                 f"{type(self).__name__}: with init(use_dynamic_expansion=True) use the "
                 "by-address optimizers (create_hash_optimizer_by_address).")
+        if self.by_address and not rt.config.use_dynamic_expansion:
+            raise ValueError(
+                "The dynamic expansion mode is not compatible with the optimizer "
+                f"{type(self).__name__}: by-address optimizers need "
+                "init(use_dynamic_expansion=True); without it use create_hash_optimizer.")
         self.hparams = dict(hparams)
         self.name = self.hparams.pop("name")
         self._steps: dict[str, int] = {}

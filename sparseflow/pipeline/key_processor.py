@@ -96,12 +96,15 @@ class KeyProcessor:
       size_hint: how to fix a full table, for the error message.
       sketch: count not-yet-admitted keys in this fixed-memory count-min sketch instead of the
         index (used while the access threshold is > 0); it is cleared at every eviction.
+      tracked_rows: dynamic expansion: rows the per-row arrays (last-seen times, checkpoint
+        marks) cover at first; they grow (doubling) as rows past them are handed out, so a
+        ``row_limit`` of 2^31 - 1 costs nothing up front. None: ``row_limit`` rows, fixed.
     """
 
     def __init__(self, table_name: str, row_limit: int, access_threshold: int | None,
                  init_rows: Callable[[np.ndarray, np.ndarray], None],
                  capacity_hint: int = 1024, size_hint: str = "device_vocabulary_size",
-                 sketch: CountMinSketch | None = None):
+                 sketch: CountMinSketch | None = None, *, tracked_rows: int | None = None):
         self.table_name = table_name
         self.threshold = -1 if access_threshold is None else int(access_threshold)
         self.sketch = sketch
@@ -111,7 +114,8 @@ class KeyProcessor:
         self.state = np.zeros(kk.STATE_LEN, np.int64)
         self.state[kk.STATE_ROW_LIMIT] = row_limit
         self.free_rows = np.zeros(0, np.int32)
-        self.last_seen = np.zeros(row_limit, np.int64)
+        tracked = row_limit if tracked_rows is None else max(1, min(tracked_rows, row_limit))
+        self.last_seen = np.zeros(tracked, np.int64)
         self.clock = np.int64(-(2**63))
         self.lock = threading.Lock()
         # In-flight tracking (on when the table can evict): every call gets a sequence number;
@@ -126,7 +130,7 @@ class KeyProcessor:
         self.keys_evicted = 0
         # Since the last checkpoint: rows a training batch touched (their weights, slots,
         # counts or last-seen may have changed) and keys evicted (tombstones).
-        self.dirty = np.zeros(row_limit, np.bool_)
+        self.dirty = np.zeros(tracked, np.bool_)
         self.tombstones: list[np.ndarray] = []
 
     # -- per batch -------------------------------------------------------------------------
@@ -186,6 +190,7 @@ class KeyProcessor:
                                        uniq, weight, n_unique, train, self.threshold,
                                        self.free_rows, self.state, rows, new_pos)
             self.index.size = int(self.state[kk.STATE_INDEX_SIZE])
+            self.cover_rows(int(self.state[kk.STATE_NEXT_ROW]))
             if n_new:
                 positions = new_pos[:n_new]
                 new_rows = rows[positions]
@@ -265,6 +270,20 @@ class KeyProcessor:
             self.keys_evicted += int(freed.shape[0])
             return EvictionResult(keys_removed=int(freed.shape[0]), keys_left=self.size,
                                   rows_free=self.rows_free, rows_waiting=self.rows_waiting)
+
+    def cover_rows(self, n: int) -> None:
+        """Makes the per-row arrays (last-seen, checkpoint marks) cover rows ``[0, n)``,
+        doubling them when they fall short (dynamic expansion only; a fixed table's cover all
+        its rows from the start). The caller holds :attr:`lock`."""
+        tracked = self.last_seen.shape[0]
+        if n <= tracked:
+            return
+        size = min(max(n, 2 * tracked), self.row_limit)
+        last_seen = np.zeros(size, np.int64)
+        last_seen[:tracked] = self.last_seen
+        dirty = np.zeros(size, np.bool_)
+        dirty[:tracked] = self.dirty
+        self.last_seen, self.dirty = last_seen, dirty
 
     def mark_saved(self) -> None:
         """Starts a new incremental-checkpoint window: nothing is dirty, no tombstones."""
