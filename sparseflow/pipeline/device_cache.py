@@ -106,8 +106,14 @@ class DeviceCache:
                         f"(host_vocabulary_size={self.host_rows}). Raise "
                         f"device_vocabulary_size to at least the unique keys of the batches "
                         f"in flight, or prefetch fewer batches.")
-                order = np.argsort(self.last_used[candidates], kind="stable")[:n_victims]
-                victims = candidates[order].astype(np.int32)
+                # The n least recently used: a partition (O(slots)), then only those sorted.
+                age = self.last_used[candidates]
+                if n_victims < candidates.shape[0]:
+                    pick = np.argpartition(age, n_victims - 1)[:n_victims]
+                else:
+                    pick = np.arange(candidates.shape[0])
+                pick = pick[np.lexsort((candidates[pick], age[pick]))]
+                victims = candidates[pick].astype(np.int32)
             out_rows = self.row_in[victims].copy()
             self.slot_of[out_rows] = -1
             new_slots = np.concatenate([take_free.astype(np.int32), victims])
