@@ -9,6 +9,11 @@ The gradient w.r.t. the table is an ``IndexedSlices`` whose indices are the uniq
 values are the summed gradients of each row's occurrences; rows of -1 (unadmitted or unknown
 keys) are carried along and ignored by the optimizers.
 
+A device table (``rows_on="device"``) takes the per-table path with TF ops instead
+(:func:`_device_gather`): one numpy function pops the rows the key processor assigned since
+the last step and their initial values, a scatter writes them, then ``tf.gather`` reads the
+batch's unique rows from the variables; its gradient is the same ``IndexedSlices``.
+
 Under dynamic expansion every lookup takes the per-table path, and each training lookup adds
 its table's gathered unique rows (``unique_emb``, the "local embeddings") to the collection
 ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` and their rows as int64 addresses to
@@ -129,7 +134,8 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     id_tensor = batch[ids.index_key]
     # Dynamic expansion takes the per-table path: its gathered unique rows are the local
     # embeddings the by-address optimizers are given gradients of.
-    if serving_default_value is None and not hashtable.expands:
+    # Device tables take the per-table path too: their rows are gathered by TF ops.
+    if serving_default_value is None and not hashtable.expands and hashtable.rows_on == "host":
         flat_emb = _batch_embeddings(batch, batch_plan(batch, hashtable.table_name)).get(
             ids.unique_name)
         if flat_emb is not None:
@@ -168,7 +174,8 @@ def _unique_embeddings(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> t
     cache = graph_cache(rows.graph, "unique_embeddings")
     key = (table.table_name, rows.name)
     if key not in cache:
-        cache[key] = _host_gather(table, rows, seq)
+        gather = _device_gather if table.rows_on == "device" else _host_gather
+        cache[key] = gather(table, rows, seq)
     return cache[key]
 
 
@@ -225,6 +232,76 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
     return gather(table.gradient_anchor(), rows)
 
 
+def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
+    """The unique rows of a device table's batch, gathered from its variables.
+
+    In order: one numpy function pops the table's pending rows (rows the key processor
+    assigned since the last pop, this batch's new rows among them, with their initial values)
+    and releases the batch; a scatter writes them (slots reset) — both in the table's critical
+    section; the gather reads the batch's unique rows. The gradient is an ``IndexedSlices``
+    over those rows, as for host tables; it depends on the gather, so that an update built
+    from it never overwrites the rows before the batch has read them.
+    """
+    store = table.rows
+    device_rows = store.rows_in(rows.graph)
+    dim = table.dim
+
+    @tf.autograph.experimental.do_not_convert
+    def pop_and_release(seq):
+        new_rows, values = store.pending.pop()
+        # With an optimizer bound, evicted rows are freed only after its update has run (it
+        # calls drain), so no late update lands on a reused row.
+        table.processor.release(int(seq), drain=store.optimizer is None)
+        return new_rows, values
+
+    # The critical section makes its lock wait for the ops its function reads: through an
+    # identity, so that a modify-graph rewire of the seq placeholder reaches them (a control
+    # dependency on the placeholder itself would not be rewired).
+    seq = tf.identity(seq)
+
+    def pop_and_initialize():
+        new_rows, values = tf.numpy_function(pop_and_release, [seq], [tf.int32, tf.float32],
+                                             stateful=True,
+                                             name=f"sparseflow_pending_{table.table_name}")
+        new_rows.set_shape([None])
+        values.set_shape([None, dim])
+        with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
+            return tf.identity(new_rows)
+
+    # Exclusive: another lookup of the table in the same run that pops this batch's new rows
+    # has written them before this pop returns (DeviceRows.exclusive).
+    with tf.control_dependencies([device_rows.exclusive(pop_and_initialize)]):
+        gathered = device_rows.gather(rows)
+    # The optimizer needs no dedup for these rows: the batch's unique rows.
+    graph_cache(rows.graph, "device_unique_rows")[rows.name] = table.table_name
+    capacity = table.capacity()
+
+    @tf.custom_gradient
+    def attach(anchor, unique_emb):
+        del anchor  # only carries the gradient to the table
+
+        def grad(dy):
+            if isinstance(dy, tf.IndexedSlices):
+                dy = tf.math.unsorted_segment_sum(dy.values, dy.indices, tf.shape(rows)[0])
+            with tf.control_dependencies([gathered]):
+                dy = tf.identity(dy)
+            slices = tf.IndexedSlices(dy, rows, tf.constant([capacity, dim], tf.int64))
+            return slices, None
+
+        return tf.identity(unique_emb), grad
+
+    out = attach(table.gradient_anchor(), gathered)
+    out.set_shape(rows.shape.concatenate([dim]))
+    return out
+
+
+def is_unique_device_rows(indices: tf.Tensor) -> bool:
+    """Whether ``indices`` are a device table's unique rows of one batch (a gradient's
+    indices straight from one gather, not a concatenation that may repeat rows)."""
+    return isinstance(indices, tf.Tensor) and indices.name in graph_cache(
+        indices.graph, "device_unique_rows")
+
+
 # -- one gather (and one gradient) for every table of a batch --------------------------------
 
 def _batch_embeddings(batch: dict, plan) -> dict:
@@ -249,7 +326,9 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     rt = _config.runtime("sparse_lookup")
     flat, sizes = batch[plan.flat_key], batch[plan.sizes_key]
     parts = batch_parts(batch, plan)
-    tables = [rt.tables[n] for n in plan.tables if n in rt.tables]
+    # Device tables are gathered by TF ops on their own (_device_gather).
+    tables = [rt.tables[n] for n in plan.tables
+              if n in rt.tables and rt.tables[n].rows_on == "host"]
     if not tables:
         return {}
     # Per distinct dim, one output: (table, its rows' part, [(spec, its restore part)]).

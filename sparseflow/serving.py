@@ -7,6 +7,9 @@ installed: per table, a ``tf.lookup.StaticHashTable`` maps keys to rows of an em
 whose last row is the serving default.
 
 Both read the tables as they are now: call them after training, not while batches are in flight.
+A device table (``rows_on="device"``) is read through a session: pass ``sess=``, or call them
+inside ``with tf.compat.v1.Session() as sess:`` (the default session), or after a
+``sparseflow.Saver`` saved or restored with a session that is still open.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ _SAVED_MODEL_FILE = "saved_model.pb"
 _VOCAB_PREFIX = "vocab_"
 
 
-def export(table_list=None, path=None) -> dict[str, str]:
+def export(table_list=None, path=None, sess=None) -> dict[str, str]:
     """Writes each table's keys and embeddings to files (Rec SDK ``export``).
 
     For each table, ``<path>/<table_name>/`` receives:
@@ -51,12 +54,16 @@ def export(table_list=None, path=None) -> dict[str, str]:
       table_list: None (every table) or a list of tables and/or table names.
       path: directory (str or path-like) to write into, created if missing; default
         ``os.getcwd()/export``.
+      sess: the session to read device tables (``rows_on="device"``) through; default: the
+        default session, else the one a ``sparseflow.Saver`` last saved or restored with.
+        Host tables need none.
 
     Returns:
       dict mapping each exported table's name to its directory.
 
     Raises:
       NotInitializedError: ``sparseflow.init()`` is not active.
+      RuntimeError: a device table and no open session to read it through.
       TypeError: ``path`` or an entry of ``table_list`` has the wrong type.
       ValueError: ``table_list`` names an unknown table or is empty, no table exists, or a
         table's directory exists and holds files that ``export`` did not write.
@@ -69,7 +76,7 @@ def export(table_list=None, path=None) -> dict[str, str]:
     for name, target in targets.items():  # check all before writing any
         _check_replaceable(target, _is_export_dir, f"table `{name}`", "export()")
     for table in tables:
-        keys, embeddings = _snapshot(table)
+        keys, embeddings = _snapshot(table, sess)
         tmp = tempfile.mkdtemp(prefix=f".{table.table_name}.tmp-", dir=path)
         try:
             key_emb = {int(k): e for k, e in zip(keys.tolist(), embeddings)}
@@ -83,7 +90,7 @@ def export(table_list=None, path=None) -> dict[str, str]:
     return targets
 
 
-def export_saved_model(path, table_list=None, serving_default_value=None) -> str:
+def export_saved_model(path, table_list=None, serving_default_value=None, sess=None) -> str:
     """Writes a TF2 SavedModel that serves the tables' embeddings by key.
 
     The model needs only TensorFlow::
@@ -118,12 +125,16 @@ def export_saved_model(path, table_list=None, serving_default_value=None) -> str
       serving_default_value: what unknown keys read: None (zeros), a finite number (every
         component), or a finite array-like of shape ``[dim]`` (every exported table must then
         have that dim).
+      sess: the session to read device tables (``rows_on="device"``) through; default: the
+        default session, else the one a ``sparseflow.Saver`` last saved or restored with.
+        Host tables need none.
 
     Returns:
       ``path``, as a str.
 
     Raises:
       NotInitializedError: ``sparseflow.init()`` is not active.
+      RuntimeError: a device table and no open session to read it through.
       TypeError: ``path``, ``serving_default_value`` or an entry of ``table_list`` has the
         wrong type.
       ValueError: ``table_list`` names an unknown table or is empty, no table exists,
@@ -137,7 +148,7 @@ def export_saved_model(path, table_list=None, serving_default_value=None) -> str
     _check_replaceable(path, _is_saved_model_dir, "the SavedModel", "export_saved_model()")
     parent = os.path.dirname(os.path.abspath(path))
     _ensure_dir("path", parent)
-    snapshots = [(t.table_name, t.dim, t.key_dtype, *_snapshot(t)) for t in tables]
+    snapshots = [(t.table_name, t.dim, t.key_dtype, *_snapshot(t, sess)) for t in tables]
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.tmp-",
                            dir=parent)
     try:
@@ -242,13 +253,13 @@ def _default_row(value: Any, table: SparseTable) -> np.ndarray:
 
 # -- shared checks and file handling ---------------------------------------------------------
 
-def _snapshot(table: SparseTable) -> tuple[np.ndarray, np.ndarray]:
-    """``table.export()``; for a table without keys, empty arrays without touching its rows
-    (before ``start_asc_pipeline()`` the row layout is not fixed yet)."""
+def _snapshot(table: SparseTable, sess=None) -> tuple[np.ndarray, np.ndarray]:
+    """``table.export(sess)``; for a table without keys, empty arrays without touching its
+    rows (before ``start_asc_pipeline()`` the row layout is not fixed yet)."""
     if table.size() == 0:
         return (np.zeros(0, table.key_dtype.as_numpy_dtype),
                 np.zeros((0, table.dim), np.float32))
-    return table.export()
+    return table.export(sess) if table.rows_on == "device" else table.export()
 
 
 def _select_tables(rt, table_list) -> list[SparseTable]:

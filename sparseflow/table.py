@@ -5,6 +5,12 @@ key → row) and the host rows (embed side, row → values). It is also what
 ``get_dense_and_sparse_variable()`` returns as a "sparse variable": ``tf.gradients(loss, table)``
 yields an ``IndexedSlices`` over the table's rows, which the sparse optimizers consume.
 
+Where the rows live is chosen per table (``create_table(..., rows_on=...)``): ``"host"``
+rows are one numpy array read and updated by numba kernels (``embed/host_rows.py``);
+``"device"`` rows are ``tf.Variable``s — on the GPU when TensorFlow sees one — gathered and
+updated by TF ops (``embed/device_rows.py``). The default (:func:`default_rows_on`) is
+``"device"`` when TensorFlow sees a GPU, else ``"host"``.
+
 Under ``init(use_dynamic_expansion=True)`` a table has no row limit: its host rows start at one
 block and grow as keys arrive (``capacity()`` reports the rows allocated so far), and it is
 trained through the by-address optimizers (see ``sparseflow/optimizers/by_address.py``).
@@ -19,29 +25,43 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow import config as _config
+from sparseflow.embed.device_rows import DeviceTableRows
 from sparseflow.embed.host_rows import HostRows
 from sparseflow.embed.initializers import init_spec_from_tf
 from sparseflow.embed.table_config import TableConfig, make_table_config
 from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.pipeline.key_processor import KeyProcessor
-from sparseflow.validation import INT32_MAX, check_int
+from sparseflow.validation import INT32_MAX, check_int, fail
 
 
 HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
 DEFAULT_EXPANSION_BLOCK_ROWS = 1024
+ROWS_ON = ("host", "device")
+
+
+def default_rows_on() -> str:
+    """Where a table created without ``rows_on`` keeps its rows (the placement rule).
+
+    ``"device"`` when TensorFlow sees a GPU (the rows then live in GPU memory and never cross
+    to the host), else ``"host"``: without an accelerator the host rows' fused numba kernels
+    beat TF ops on CPU variables (docs/design-notes.md, "Device rows").
+    """
+    return "device" if tf.config.list_physical_devices("GPU") else "host"
 
 
 class SparseTable:
-    """One embedding table with host-resident rows.
+    """One embedding table.
 
     Use :func:`create_table` to make one. Attributes: ``table_name``, ``dim``, ``key_dtype``
     (a ``tf.DType``), ``config`` (the validated :class:`TableConfig`), ``expands`` (dynamic
-    expansion: rows grow by blocks of ``expansion_block_rows``, never full).
+    expansion: rows grow by blocks of ``expansion_block_rows``, never full), ``rows_on``
+    ("host": a numpy array updated by numba kernels; "device": TF variables, on the GPU when
+    one is visible), ``rows`` (the ``HostRows`` or ``DeviceTableRows``).
     """
 
     def __init__(self, table_config: TableConfig, seed: int,
-                 expansion_block_rows: int | None = None):
+                 expansion_block_rows: int | None = None, rows_on: str = "host"):
         self.config = table_config
         self.table_name = table_config.name
         self.dim = table_config.dim
@@ -50,6 +70,7 @@ class SparseTable:
                                  (table_config.capacity, table_config.dim), seed,
                                  table_config.init_param)
         self.expands = expansion_block_rows is not None
+        self.rows_on = rows_on
         sketch = None
         if table_config.admission_counter == "sketch":
             sketch = CountMinSketch(table_config.sketch_width, table_config.sketch_depth,
@@ -63,7 +84,11 @@ class SparseTable:
                                           capacity_hint=min(self.rows.capacity, 1 << 20),
                                           sketch=sketch, tracked_rows=self.rows.capacity)
         else:
-            self.rows = HostRows(self.table_name, table_config.capacity, self.dim, spec)
+            if rows_on == "device":
+                self.rows = DeviceTableRows(self.table_name, table_config.capacity, self.dim,
+                                            spec)
+            else:
+                self.rows = HostRows(self.table_name, table_config.capacity, self.dim, spec)
             self.processor = KeyProcessor(self.table_name, table_config.capacity, None,
                                           self.rows.initialize,
                                           capacity_hint=min(table_config.capacity, 1 << 20),
@@ -117,6 +142,9 @@ class SparseTable:
         ``capacity x dim x (1 + optimizer slots) x 4`` bytes (under dynamic expansion, the
         rows allocated so far; those added by later growth are committed as they are used).
 
+        A device table (``rows_on="device"``) has no host rows: its variables are allocated
+        whole when they are initialised, and this does nothing.
+
         Raises:
           RuntimeError: called before ``start_asc_pipeline()`` (the optimizer slots, hence the
             row width, are not fixed yet).
@@ -124,16 +152,34 @@ class SparseTable:
         if not _config.runtime("reserve_memory").pipeline_started:
             raise RuntimeError(f"Table `{self.table_name}`: call reserve_memory() after "
                                f"start_asc_pipeline(), once the row layout is fixed.")
+        if self.rows_on == "device":
+            return
         with self.processor.lock:  # no row may be handed out while we write the unused ones
             self.rows.commit_memory(self.processor.rows_ever_used)
 
-    def export(self) -> tuple[np.ndarray, np.ndarray]:
+    def export(self, sess=None) -> tuple[np.ndarray, np.ndarray]:
         """Every admitted key and its embedding.
+
+        Args:
+          sess: device tables (``rows_on="device"``) only: the session whose variables to
+            read. Default: the default session (inside ``with tf.compat.v1.Session() as
+            sess:``), else the one a ``sparseflow.Saver`` last saved or restored with.
 
         Returns:
           (keys, embeddings): keys in the table's key dtype ``[n]``, float32 ``[n, dim]``,
           sorted by key.
+
+        Raises:
+          RuntimeError: a device table and no open session to read it through.
         """
+        if self.rows_on == "device":
+            session = self.rows.session(sess)
+            with self.processor.lock:  # no row is assigned while pending rows are written
+                keys, rows, _ = self.processor.index.entries(admitted_only=True)
+                order = np.argsort(keys, kind="stable")
+                keys, rows = keys[order], rows[order]
+                values = self.rows.read(session, rows, weights_only=True)
+            return keys.astype(self.key_dtype.as_numpy_dtype), values
         keys, rows = self.processor.admitted()
         order = np.argsort(keys, kind="stable")
         keys, rows = keys[order], rows[order]
@@ -180,7 +226,7 @@ class SparseTable:
 
     def __repr__(self) -> str:
         return (f"SparseTable(name={self.table_name!r}, dim={self.dim}, "
-                f"capacity={self.capacity()}, size={self.size()})")
+                f"capacity={self.capacity()}, size={self.size()}, rows_on={self.rows_on!r})")
 
 
 def _table_as_tensor(value, dtype=None, name=None, as_ref=False):
@@ -225,7 +271,12 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
         ``sparseflow/ops/count_min.py`` for the bound); and, under
         ``init(use_dynamic_expansion=True)`` only, ``expansion_block_rows``: an int in
         [1, 2^31-1] (default 1024), the rows the table starts with and grows by (in whole
-        blocks, at least doubling).
+        blocks, at least doubling); and ``rows_on``: where the rows live, "host" (a numpy
+        array in host memory, read and updated by numba kernels), "device" (TF variables on
+        the GPU when TensorFlow sees one, else on the CPU, gathered and updated by TF ops) or
+        None (default) for the placement rule: "device" when TensorFlow sees a GPU, else
+        "host" (faster without an accelerator; see :func:`default_rows_on`). Device rows do
+        not support dynamic expansion yet (the default is then host rows).
 
     Under ``init(use_dynamic_expansion=True)`` (Rec SDK's dynamic expansion) the table has no
     row limit: ``host_vocabulary_size`` and ``ssd_vocabulary_size`` are validated, then reset
@@ -239,10 +290,15 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     Raises:
       NotInitializedError: ``init`` was not called.
       RuntimeError: the pipeline has already started.
-      TypeError, ValueError: an argument is invalid, or the name is taken.
+      TypeError, ValueError: an argument is invalid, or the name is taken; ``rows_on="device"``
+        under ``init(use_dynamic_expansion=True)``.
     """
     rt = _config.runtime("create_table")
     block_rows = kwargs.pop("expansion_block_rows", None)
+    rows_on = kwargs.pop("rows_on", None)
+    if rows_on is not None and (not isinstance(rows_on, str) or rows_on not in ROWS_ON):
+        fail("rows_on", "one of 'host', 'device' or None (the placement rule: 'device' when "
+             "TensorFlow sees a GPU, else 'host')", rows_on)
     if rt.config.use_dynamic_expansion:
         block_rows = check_int("expansion_block_rows",
                                DEFAULT_EXPANSION_BLOCK_ROWS if block_rows is None else block_rows,
@@ -261,6 +317,14 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     if rt.config.use_dynamic_expansion:  # Rec SDK resets the host and SSD tiers
         table_config = dataclasses.replace(table_config, host_vocabulary_size=0,
                                            ssd_vocabulary_size=0)
+        if rows_on == "device":
+            raise ValueError(
+                f"Argument `rows_on` must be 'host' or None under "
+                f"init(use_dynamic_expansion=True): device rows do not grow yet (table "
+                f"`{table_config.name}`). Received: 'device'")
+        rows_on = "host"   # expanding tables grow their host rows
+    if rows_on is None:
+        rows_on = default_rows_on()
     with rt.lock:
         if rt.pipeline_started:
             raise RuntimeError(
@@ -270,7 +334,8 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
             raise ValueError(f"Argument `name` must be unique: a table named "
                              f"{table_config.name!r} exists already (Duplicated hashtable name). "
                              f"Received: {table_config.name!r}")
-        table = SparseTable(table_config, _default_seed(table_config.name), block_rows)
+        table = SparseTable(table_config, _default_seed(table_config.name), block_rows,
+                            rows_on)
         rt.tables[table_config.name] = table
     # Rec SDK's collection of sparse tables (what get_dense_and_sparse_variable returns).
     tf.compat.v1.add_to_collection(HASHTABLE_COLLECTION, table)

@@ -8,6 +8,15 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sparseflow as sf  # noqa: E402
+import sparseflow.table  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _host_rows_unless_asked(monkeypatch):
+    """Tables created without ``rows_on`` get host rows, also on a machine with a GPU (where
+    the placement rule picks device rows), so that the suite runs the same everywhere.
+    tests/test_device_tables.py asks for device rows explicitly and tests the rule itself."""
+    monkeypatch.setattr(sparseflow.table, "default_rows_on", lambda: "host")
 
 
 @pytest.fixture

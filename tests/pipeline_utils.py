@@ -54,9 +54,10 @@ def int_keys(rng, vocab, shape, dtype=np.int64):
     return rng.integers(0, vocab, shape).astype(dtype)
 
 
-def sorted_state(table) -> dict:
-    """A table's checkpointable state (``checkpoint.table_state.capture``), sorted by key."""
-    s = capture(table)
+def sorted_state(table, sess=None) -> dict:
+    """A table's checkpointable state (``checkpoint.table_state.capture``), sorted by key
+    (``sess``: the session a device table is read through)."""
+    s = capture(table, sess=sess)
     order = np.argsort(s.keys)
     state = dict(keys=s.keys[order], weights=s.weights[order], counts=s.counts[order],
                  last_seen=s.last_seen[order], counted=np.sort(s.counted_keys),

@@ -27,6 +27,7 @@ from sparseflow import config as _config
 from sparseflow.checkpoint import sparse_format as fmt
 from sparseflow.checkpoint.table_state import (apply, capture, check_fits, merge,
                                                restore_window, take_window)
+from sparseflow.embed.device_rows import DEVICE_ROWS_COLLECTION
 from sparseflow.validation import check_bool, check_int, fail, is_int
 
 # TF's own Saver, captured at import: the mx_rec facade may later point
@@ -58,6 +59,20 @@ def latest_checkpoint(checkpoint_dir: str) -> str | None:
     return None
 
 
+def _dense_variables():
+    """What ``tf.compat.v1.train.Saver`` saves by default, less device tables' variables
+    (their rows are in the sparse checkpoint, by key; kept out of the dense one, a checkpoint
+    restores into host and device tables alike). None (TF's default) when there are none, or
+    nothing else."""
+    device = {v.name for v in tf.compat.v1.get_collection(DEVICE_ROWS_COLLECTION)}
+    if not device:
+        return None
+    saveables = (tf.compat.v1.global_variables()
+                 + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+    dense = [v for v in saveables if getattr(v, "name", None) not in device]
+    return dense or None
+
+
 class Saver:
     """Saves and restores dense variables and every sparse table under one step.
 
@@ -79,6 +94,8 @@ class Saver:
         if max_to_keep is None:  # TF's spelling of "keep all"
             max_to_keep = 0
         self.max_to_keep = check_int("max_to_keep", max_to_keep, 0)
+        if var_list is None:
+            var_list = _dense_variables()
         self._dense = _TF_SAVER(var_list=var_list, max_to_keep=max_to_keep, **kwargs)
         self._last_sparse: str | None = None  # the base of the next incremental save
 
@@ -125,7 +142,7 @@ class Saver:
         if global_step is not None:
             step = int(global_step) if is_int(global_step) else int(sess.run(global_step))
         prefix = f"{save_path}-{step}" if step is not None else save_path
-        self._save_sparse(sparse_path(prefix), incremental)
+        self._save_sparse(sparse_path(prefix), incremental, sess)
         self._last_sparse = sparse_path(prefix)
         written = self._dense.save(sess, save_path, global_step=step,
                                    latest_filename=latest_filename,
@@ -134,7 +151,7 @@ class Saver:
         self._prune(os.path.dirname(prefix) or ".")
         return written
 
-    def _save_sparse(self, final: str, incremental: bool) -> None:
+    def _save_sparse(self, final: str, incremental: bool, sess) -> None:
         parent = os.path.dirname(final) or "."
         os.makedirs(parent, exist_ok=True)
         tmp = f"{final}.tmp-{os.getpid()}"
@@ -145,7 +162,7 @@ class Saver:
             for table in self._tables():
                 window = take_window(table)
                 windows.append((table, window))
-                state = capture(table, window if incremental else None)
+                state = capture(table, window if incremental else None, sess)
                 config = {"key_dtype": table.key_dtype.name, "dim": table.dim,
                           "capacity": table.capacity(),
                           "access_threshold": table.access_threshold,
@@ -221,5 +238,5 @@ class Saver:
             check_fits(self._runtime.tables[name], state, repr(directory))
         self._dense.restore(sess, save_path)
         for name, state in tables.items():
-            apply(self._runtime.tables[name], state, repr(directory))
+            apply(self._runtime.tables[name], state, repr(directory), sess)
         self._last_sparse = directory  # the tables now equal it: the next delta's base

@@ -3,7 +3,9 @@
 Checkpoints keep **keys**, not row offsets, as the unit: a restored table hands out rows
 0..n-1 afresh, so a checkpoint restores into a table of another capacity (or, later, another
 sharding). This is the one module that sees both halves of a table — the key processor
-(key -> row, counts, last-seen, clock) and the host rows (weights and optimizer slots).
+(key -> row, counts, last-seen, clock) and the rows (weights and optimizer slots): host rows
+directly, device rows (``rows_on="device"``) through a session, in the same host layout, so a
+checkpoint moves between host and device tables.
 """
 
 from __future__ import annotations
@@ -75,18 +77,24 @@ def take_window(table):
     return window
 
 
-def capture(table, window=None) -> TableState:
+def capture(table, window=None, sess=None) -> TableState:
     """Copies ``table``'s state under its key processor's lock (a consistent snapshot).
 
     Args:
       table: the live table.
       window: from :func:`take_window` for an incremental state (only keys whose rows the
         window marks, plus its tombstones); None for the full state.
+      sess: device tables only: the session to read the variables through (default: see
+        ``DeviceTableRows.session``).
 
     Returns:
       A :class:`TableState`.
     """
     processor, host = table.processor, table.rows
+    session = None
+    if table.rows_on == "device":
+        session = host.session(sess)
+        host.last_session = session
     with processor.lock:
         keys, rows, counts = processor.index.entries()
         admitted = rows >= 0
@@ -100,13 +108,17 @@ def capture(table, window=None) -> TableState:
         order = np.argsort(rows[admitted], kind="stable")  # row order: a sequential read
         keys_a, counts_a, rows_a = keys[admitted][order], counts[admitted][order], \
             rows[admitted][order]
-        storage = host.allocate()
-        n = rows_a.shape[0]
-        if n and rows_a[0] == 0 and rows_a[-1] == n - 1:
-            values = storage[:n].copy()  # rows 0..n-1 all held: one sequential copy
+        if session is not None:  # device rows: pending rows written first, then read
+            values = host.read(session, rows_a)
+            steps = host.read_step(session)
         else:
-            values = storage[rows_a]
-        steps = host.optimizer.steps(table.table_name) if host.optimizer is not None else 0
+            storage = host.allocate()
+            n = rows_a.shape[0]
+            if n and rows_a[0] == 0 and rows_a[-1] == n - 1:
+                values = storage[:n].copy()  # rows 0..n-1 all held: one sequential copy
+            else:
+                values = storage[rows_a]
+            steps = host.optimizer.steps(table.table_name) if host.optimizer is not None else 0
         tombstones = (np.concatenate(window[1]) if window is not None and window[1]
                       else np.zeros(0, np.int64))
         return TableState(keys=keys_a, counts=counts_a,
@@ -161,13 +173,15 @@ def check_fits(table, state: TableState, source: str) -> None:
             f"Build the same sparse optimizer before restoring.")
 
 
-def apply(table, state: TableState, source: str) -> None:
+def apply(table, state: TableState, source: str, sess=None) -> None:
     """Replaces ``table``'s keys, rows, slots, counts, timestamps and clock with ``state``.
 
     Args:
       table: the live table (its pipeline started, so its slot layout is fixed).
       state: what to load.
       source: where the state came from, for messages.
+      sess: device tables only: the session to write the variables through (default: see
+        ``DeviceTableRows.session``).
 
     Raises:
       ValueError: see :func:`check_fits`.
@@ -175,6 +189,10 @@ def apply(table, state: TableState, source: str) -> None:
     check_fits(table, state, source)
     processor, host = table.processor, table.rows
     n = state.keys.shape[0]
+    session = None
+    if table.rows_on == "device":
+        session = host.session(sess)
+        host.last_session = session
     with processor.lock:
         keep_counted = processor.sketch is None
         m = state.counted_keys.shape[0] if keep_counted else 0
@@ -182,11 +200,16 @@ def apply(table, state: TableState, source: str) -> None:
         index.insert(state.keys, np.arange(n, dtype=np.int32), state.counts)
         if m:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
-        host.ensure_rows(n)  # dynamic expansion: grow to the checkpoint's keys
-        processor.cover_rows(n)
-        storage = host.allocate()
-        # A table without optimizer slots (an inference graph) takes the weights only.
-        storage[:n] = state.values[:, :storage.shape[1]]
+        if session is not None:
+            # Every variable reset (rows beyond n included), then rows 0..n-1 written; a table
+            # without optimizer slots (an inference graph) takes the weights only.
+            host.load(session, state.values, state.optimizer_steps)
+        else:
+            host.ensure_rows(n)  # dynamic expansion: grow to the checkpoint's keys
+            processor.cover_rows(n)
+            storage = host.allocate()
+            # A table without optimizer slots (an inference graph) takes the weights only.
+            storage[:n] = state.values[:, :storage.shape[1]]
         processor.index = index
         processor.state[kk.STATE_INDEX_SIZE] = index.size
         processor.state[kk.STATE_NEXT_ROW] = n
@@ -198,5 +221,5 @@ def apply(table, state: TableState, source: str) -> None:
         processor.mark_saved()  # the table now equals the checkpoint
         if processor.sketch is not None:  # its counts came from batches before the restore
             processor.sketch.clear()
-        if host.optimizer is not None:
+        if host.optimizer is not None and session is None:  # device: its step variable
             host.optimizer.set_steps(table.table_name, state.optimizer_steps)

@@ -51,7 +51,7 @@ def export(cfg: JobConfig, checkpoint: str, out: str) -> str:
             tf.compat.v1.Session(graph=job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         job.saver.restore(sess, prefix)
-        snapshots = {name: _snapshot(table) for name, table in job.tables.items()}
+        snapshots = {name: _snapshot(table, sess) for name, table in job.tables.items()}
         dense_values = sess.run(list(job.model.variables))
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Lazy Adagrad over host rows (Rec SDK ``mx_rec.optimizers.adagrad``)."""
+"""Lazy Adagrad over host or device rows (Rec SDK ``mx_rec.optimizers.adagrad``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ class Adagrad(SparseOptimizer):
     """``acc += g^2; w -= lr * g / sqrt(acc)`` at the touched rows (TF ApplyAdagrad)."""
 
     slot_names = ("accumulator",)
+
+    def _device_update(self, rows, indices, grads):
+        return rows.apply_adagrad(indices, grads, learning_rate=self.hparams["learning_rate"])
 
     @property
     def slot_initial_values(self):

@@ -1,9 +1,13 @@
-"""The sparse optimizer: lazy updates of the rows a batch touched, on host storage.
+"""The sparse optimizer: lazy updates of the rows a batch touched.
 
 ``apply_gradients(zip(grads, tables))`` takes, per table, the ``IndexedSlices`` that
-``tf.gradients(loss, table)`` returns and builds one ``tf.numpy_function`` for all of them that
-runs, table by table, a fused numba update over the interleaved ``[weights | slots]`` rows. Duplicate rows are
-summed first; rows of -1 (unadmitted keys) are skipped; untouched rows never change.
+``tf.gradients(loss, table)`` returns. For host tables it builds one ``tf.numpy_function`` for
+all of them that runs, table by table, a fused numba update over the interleaved
+``[weights | slots]`` rows. Device tables (``rows_on="device"``) are updated by TF ops over
+their variables (``DeviceRows.apply_*``, the same arithmetic), followed by one numpy function
+that does the host-side bookkeeping (rows changed for incremental checkpoints, evicted rows
+freed). Duplicate rows are summed first; rows of -1 (unadmitted keys) are skipped; untouched
+rows never change.
 """
 
 from __future__ import annotations
@@ -76,11 +80,13 @@ class SparseOptimizer:
 
         Raises:
           TypeError: a variable is not a sparseflow table or a gradient not IndexedSlices.
-          ValueError: a table is already bound to another optimizer.
+          ValueError: a table is already bound to another optimizer, or the optimizer has no
+            update for device rows (a subclass without ``_device_update``) and a table has
+            ``rows_on="device"``.
         """
         from sparseflow.table import SparseTable  # the table module imports TF wiring
 
-        pairs = []
+        pairs, device_pairs = [], []
         for grad, table in grads_and_vars:
             if not isinstance(table, SparseTable):
                 fail("grads_and_vars", "pairs (gradient, sparseflow table); dense variables "
@@ -90,8 +96,13 @@ class SparseOptimizer:
             if not isinstance(grad, tf.IndexedSlices):
                 fail("grads_and_vars", "gradients from tf.gradients(loss, table) "
                      "(IndexedSlices)", type(grad).__name__, TypeError)
+            if table.rows_on == "device" and not self.supports_device_rows:
+                raise ValueError(
+                    f"Optimizer `{self.name}` ({type(self).__name__}) has no update for device "
+                    f"rows, and table `{table.table_name}` was created with rows_on=\"device\": "
+                    f"create it with rows_on=\"host\".")
             table.rows.bind_optimizer(self)
-            pairs.append((grad, table))
+            (device_pairs if table.rows_on == "device" else pairs).append((grad, table))
         with tf.name_scope(name or self.name):
             updates = []
             if pairs:
@@ -101,10 +112,60 @@ class SparseOptimizer:
                 updates.append(tf.numpy_function(
                     self._make_apply([table for _, table in pairs]), inputs, tf.int64,
                     stateful=True, name="sparseflow_update"))
+            if device_pairs:
+                updates.append(self._apply_device(device_pairs))
             if global_step is not None:
                 with tf.control_dependencies(updates):
                     return tf.compat.v1.assign_add(global_step, 1).op
             return tf.group(*updates)
+
+    # -- device tables ------------------------------------------------------------------
+
+    @property
+    def supports_device_rows(self) -> bool:
+        """Whether the optimizer can update device tables (implements ``_device_update``)."""
+        return type(self)._device_update is not SparseOptimizer._device_update
+
+    def _apply_device(self, pairs) -> tf.Operation:
+        """TF updates of device tables, then one numpy function for their bookkeeping."""
+        from sparseflow.lookup import is_unique_device_rows
+
+        updates, touched = [], []
+        for grad, table in pairs:
+            rows, values = grad.indices, grad.values
+            if not is_unique_device_rows(rows):
+                # Gradients of several batches, concatenated: sum each row's once (the TF
+                # scatters need distinct rows; -1 stays one entry, skipped by the update).
+                rows, position = tf.unique(rows)
+                values = tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
+            rows = tf.cast(rows, tf.int32)
+            device_rows = table.rows.rows_in(rows.graph)
+            # Every op of the update after the gradient, hence after the batch's gather and
+            # the scatter of its new rows before it (the gradient depends on them): the
+            # update's own reads of the rows must not see them from before.
+            with tf.name_scope(table.table_name), tf.control_dependencies([values]):
+                updates.append(self._device_update(device_rows, rows, values))
+            touched.append(rows)
+        tables = [table for _, table in pairs]
+
+        @tf.autograph.experimental.do_not_convert
+        def bookkeeping(*rows_of_tables):
+            for table, rows in zip(tables, rows_of_tables):
+                processor = table.processor
+                with processor.lock:  # for incremental checkpoints: these rows changed
+                    processor.dirty[rows[rows >= 0]] = True
+                processor.drain()  # evicted rows the gathered batches held may now be reused
+            return np.int64(len(tables))
+
+        # After the updates: a row is freed for reuse only once no update can land on it.
+        with tf.control_dependencies(updates):
+            return tf.numpy_function(bookkeeping, touched, tf.int64, stateful=True,
+                                     name="sparseflow_device_bookkeeping")
+
+    def _device_update(self, rows, indices: tf.Tensor, grads: tf.Tensor) -> tf.Operation:
+        """The update of a device table's ``indices`` (int32, distinct, -1 skipped) by
+        ``grads`` (float32 ``[U, dim]``) as TF ops on ``rows`` (a ``DeviceRows``)."""
+        raise NotImplementedError
 
     def _make_apply(self, tables):
         @tf.autograph.experimental.do_not_convert

@@ -1,4 +1,4 @@
-"""Lazy FTRL-Proximal over host rows (Rec SDK ``mx_rec.optimizers.ftrl``)."""
+"""Lazy FTRL-Proximal over host or device rows (Rec SDK ``mx_rec.optimizers.ftrl``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ class Ftrl(SparseOptimizer):
     @property
     def slot_initial_values(self):
         return (self.hparams["initial_accumulator_value"], 0.0)
+
+    def _device_update(self, rows, indices, grads):
+        h = self.hparams
+        return rows.apply_ftrl(indices, grads, learning_rate=h["learning_rate"],
+                               learning_rate_power=h["learning_rate_power"],
+                               l1=h["l1_regularization_strength"],
+                               l2=h["l2_regularization_strength"])
 
     def _update(self, storage, rows, grads, step):
         h = self.hparams

@@ -1,4 +1,4 @@
-"""Lazy SGD over host rows (Rec SDK ``mx_rec.optimizers.gradient_descent``)."""
+"""Lazy SGD over host or device rows (Rec SDK ``mx_rec.optimizers.gradient_descent``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from sparseflow.optimizers.hparams import sgd_hparams
 
 class GradientDescent(SparseOptimizer):
     """``w -= lr * (g + weight_decay * w)`` at the touched rows; no slots."""
+
+    def _device_update(self, rows, indices, grads):
+        return rows.apply_sgd(indices, grads, learning_rate=self.hparams["learning_rate"],
+                              weight_decay=self.hparams["weight_decay"])
 
     def _update(self, storage, rows, grads, step):
         apply_sgd(storage, rows, grads, learning_rate=self.hparams["learning_rate"],

@@ -1,6 +1,8 @@
-"""Lazy Adam over host rows (Rec SDK ``mx_rec.optimizers.lazy_adam``)."""
+"""Lazy Adam over host or device rows (Rec SDK ``mx_rec.optimizers.lazy_adam``)."""
 
 from __future__ import annotations
+
+import tensorflow as tf
 
 from sparseflow.ops.optimizer_kernels import apply_lazy_adam
 from sparseflow.optimizers.base import SparseOptimizer
@@ -15,6 +17,13 @@ class LazyAdam(SparseOptimizer):
     """
 
     slot_names = ("momentum", "velocity")
+
+    def _device_update(self, rows, indices, grads):
+        # The table's step counts its updates, as the host path's; incremented first.
+        step = tf.compat.v1.assign_add(rows.step, 1)
+        h = self.hparams
+        return rows.apply_lazy_adam(indices, grads, step, learning_rate=h["learning_rate"],
+                                    beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"])
 
     def _update(self, storage, rows, grads, step):
         h = self.hparams

@@ -11,7 +11,9 @@ def start_asc_pipeline() -> None:
     """Checks the wiring of tables, feature specs and lookups, and starts key processing.
 
     Call it after the graph (tables, insert functions, lookups, optimizers) is built and before
-    the first batch is drawn. It allocates each table's rows with its optimizer's slots.
+    the first batch is drawn. It allocates each host table's rows with its optimizer's slots,
+    and builds the ops that read and write each device table's variables from the host
+    (checkpoints, export).
 
     Raises:
       NotInitializedError: ``init`` was not called.
@@ -59,7 +61,12 @@ def start_asc_pipeline() -> None:
                                 f"`{table_name}` was never looked up with "
                                 f"sparse_lookup(..., send_count=N).")
         for table in rt.tables.values():
-            table.rows.allocate()
+            if table.rows_on == "device":
+                # Variables (in the default graph when no lookup built them) and the ops that
+                # checkpoints read and write them with, before the graph is finalized.
+                table.rows.prepare()
+            else:
+                table.rows.allocate()
         rt.pipeline_started = True
 
 
