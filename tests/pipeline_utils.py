@@ -77,3 +77,26 @@ def lookup_training(table, specs, data, batch_size, read_ahead=True, lr=0.1):
     saver = sf.Saver(max_to_keep=2)
     sf.start_asc_pipeline()
     return it, train, saver
+
+
+def two_table_data(seed: int, n_rows: int, v1: int, v2: int, drift: int = 0) -> dict:
+    """The two-table task of the equivalence tests: f1 (4 ids) and f2 (2 ids) from a
+    vocabulary of ``v1``, f3 (3 ids) from ``v2``, and labels that depend on the keys. With
+    ``drift``, batch i of 32 rows shifts f1's keys by ``i * drift`` (new keys every batch)."""
+    rng = np.random.default_rng(seed)
+    data = {"f1": int_keys(rng, v1, (n_rows, 4)), "f2": int_keys(rng, v1, (n_rows, 2)),
+            "f3": int_keys(rng, v2, (n_rows, 3))}
+    if drift:
+        data["f1"] += (np.arange(n_rows) // 32 * drift)[:, None]
+    data["label"] = ((data["f1"][:, 0] % 3 == 0) | (data["f3"][:, 0] % 2 == 0)).astype(np.float32)
+    return data
+
+
+def linear_tower(pooled: list, label: tf.Tensor) -> tf.Tensor:
+    """Mean logistic loss of a fixed-initialised linear layer over the concatenated pooled
+    embeddings (the dense part of the equivalence tests)."""
+    x = tf.concat(pooled, axis=1)
+    w0 = np.random.default_rng(5).normal(0, 0.3, (int(x.shape[1]), 1)).astype(np.float32)
+    w = tf.compat.v1.get_variable("w", initializer=w0)
+    logit = tf.squeeze(tf.matmul(x, w), 1)
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))

@@ -17,8 +17,8 @@ from sparseflow.embed.initializers import init_rows, init_spec_from_tf
 from sparseflow.ops.optimizer_kernels import apply_sgd
 from sparseflow.optimizers import (adagrad, adagrad_by_addr, ftrl, gradient_descent,
                                    gradient_descent_by_addr, lazy_adam, lazy_adam_by_addr)
-from tests.pipeline_utils import (int_keys, make_batch_iterator, reference_lazy_adam, run_all,
-                                  sorted_state)
+from tests.pipeline_utils import (int_keys, linear_tower, make_batch_iterator,
+                                  reference_lazy_adam, run_all, sorted_state, two_table_data)
 
 LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
 ADDRESS = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
@@ -41,24 +41,9 @@ OPTIMIZERS = {
 
 
 def _data(seed=0, drift=0):
-    """Three features over two tables; with ``drift`` > 0 each batch also brings new keys,
+    """Two tables' keys and learnable labels; with ``drift``, f1 takes new keys every batch,
     so the tables keep growing while training."""
-    rng = np.random.default_rng(seed)
-    n = B * STEPS
-    data = {"f1": int_keys(rng, V1, (n, 4)), "f2": int_keys(rng, V1, (n, 2)),
-            "f3": int_keys(rng, V2, (n, 3))}
-    if drift:
-        data["f1"] += (np.arange(n) // B * drift)[:, None]
-    data["label"] = ((data["f1"][:, 0] % 3 == 0) | (data["f3"][:, 0] % 2 == 0)).astype(np.float32)
-    return data
-
-
-def _tower(pooled, label):
-    x = tf.concat(pooled, axis=1)
-    w0 = np.random.default_rng(5).normal(0, 0.3, (D1 + D1 + D2, 1)).astype(np.float32)
-    w = tf.compat.v1.get_variable("w", initializer=w0)
-    logit = tf.squeeze(tf.matmul(x, w), 1)
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
+    return two_table_data(seed, B * STEPS, V1, V2, drift)
 
 
 def _train(data, optimizer="lazy_adam", expansion=True, block_rows=1, parallel=None):
@@ -84,7 +69,7 @@ def _train(data, optimizer="lazy_adam", expansion=True, block_rows=1, parallel=N
         batch = it.get_next()
         pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
                   for s in specs]
-        loss = _tower(pooled, batch["label"])
+        loss = linear_tower(pooled, batch["label"])
         dense = tf.compat.v1.trainable_variables()
         if expansion:
             local_embs = tf.compat.v1.get_collection(LOCAL_EMB)
@@ -131,7 +116,7 @@ def _reference_losses(data, init_specs):
                                tf.Variable(0, dtype=tf.int64))
         pooled = [tf.reduce_sum(tf.nn.embedding_lookup(variables[t][0], batch[f]), 1)
                   for f, t in (("f1", "t1"), ("f2", "t1"), ("f3", "t2"))]
-        loss = _tower(pooled, batch["label"])
+        loss = linear_tower(pooled, batch["label"])
         dense = [v for v in tf.compat.v1.trainable_variables() if v.name.startswith("w")]
         tables = [variables["t1"][0], variables["t2"][0]]
         grads = tf.gradients(loss, dense + tables)

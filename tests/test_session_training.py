@@ -8,7 +8,8 @@ import sparseflow as sf
 from sparseflow.embed.initializers import init_rows
 from sparseflow.optimizers import lazy_adam
 from sparseflow.pipeline.insert_func import batch_rows
-from tests.pipeline_utils import int_keys, make_batch_iterator, reference_lazy_adam, run_all
+from tests.pipeline_utils import (int_keys, linear_tower, make_batch_iterator,
+                                  reference_lazy_adam, run_all, two_table_data)
 
 B, STEPS = 32, 50
 V1, V2 = 300, 60
@@ -17,21 +18,7 @@ LR_SPARSE, LR_DENSE = 0.05, 0.1
 
 
 def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    n = B * STEPS
-    data = {"f1": int_keys(rng, V1, (n, 4)), "f2": int_keys(rng, V1, (n, 2)),
-            "f3": int_keys(rng, V2, (n, 3))}
-    # Learnable labels: they depend on the keys.
-    data["label"] = ((data["f1"][:, 0] % 3 == 0) | (data["f3"][:, 0] % 2 == 0)).astype(np.float32)
-    return data
-
-
-def _tower(pooled, label):
-    x = tf.concat(pooled, axis=1)
-    w0 = np.random.default_rng(5).normal(0, 0.3, (D1 + D1 + D2, 1)).astype(np.float32)
-    w = tf.compat.v1.get_variable("w", initializer=w0)
-    logit = tf.squeeze(tf.matmul(x, w), 1)
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
+    return two_table_data(seed, B * STEPS, V1, V2)
 
 
 def _sparseflow_losses(data, initializer, num_parallel_calls=None):
@@ -46,7 +33,7 @@ def _sparseflow_losses(data, initializer, num_parallel_calls=None):
     tables = {"t1": t1, "t2": t2}
     pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
               for s in specs]
-    loss = _tower(pooled, batch["label"])
+    loss = linear_tower(pooled, batch["label"])
     dense, sparse = sf.get_dense_and_sparse_variable()
     grads = tf.gradients(loss, dense + sparse)
     train = tf.group(
@@ -82,7 +69,7 @@ def _reference_losses(data, init_specs):
     lookups = (("f1", "t1"), ("f2", "t1"), ("f3", "t2"))
     pooled = [tf.reduce_sum(tf.nn.embedding_lookup(variables[t][0], batch[f]), 1)
               for f, t in lookups]
-    loss = _tower(pooled, batch["label"])
+    loss = linear_tower(pooled, batch["label"])
     dense = [v for v in tf.compat.v1.trainable_variables() if v.name.startswith("w")]
     tables = [variables["t1"][0], variables["t2"][0]]
     grads = tf.gradients(loss, dense + tables)
