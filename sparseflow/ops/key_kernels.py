@@ -228,14 +228,7 @@ def expand_rows(storage, rows, restore, dim, out):
       out: float32 [n, dim], written.
     """
     unique = np.empty((rows.shape[0], dim), np.float32)
-    for u in range(rows.shape[0]):
-        r = rows[u]
-        if r < 0:
-            for j in range(dim):
-                unique[u, j] = 0.0
-        else:
-            for j in range(dim):
-                unique[u, j] = storage[r, j]
+    gather_rows(storage, rows, dim, unique)
     for i in range(restore.shape[0]):
         u = restore[i]
         for j in range(dim):

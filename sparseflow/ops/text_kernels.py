@@ -81,19 +81,22 @@ def parse_hex_kernel(offsets, data, bitmap, bit_offset, out):
 
 
 @numba.njit(**_JIT)
-def _fetch64(data, p):
+def _fetch_le(data, p, n):
+    """The ``n`` bytes at ``data[p]`` as a little-endian unsigned integer (n <= 8)."""
     v = np.uint64(0)
-    for j in range(8):
+    for j in range(n):
         v |= np.uint64(data[p + j]) << np.uint64(8 * j)
     return v
 
 
 @numba.njit(**_JIT)
+def _fetch64(data, p):
+    return _fetch_le(data, p, 8)
+
+
+@numba.njit(**_JIT)
 def _fetch32(data, p):
-    v = np.uint64(0)
-    for j in range(4):
-        v |= np.uint64(data[p + j]) << np.uint64(8 * j)
-    return v
+    return _fetch_le(data, p, 4)
 
 
 @numba.njit(**_JIT)
