@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.jobs.graph import call_on_zeros
+from sparseflow.jobs.graph import apply_model, call_on_zeros
 from sparseflow.jobs.runner import job_graph, resolve_checkpoint
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.models import build_model, pool
@@ -99,7 +99,6 @@ def _serving_module(cfg: JobConfig, snapshots: dict, dense_values: list, vocab_d
         module.embeddings[name] = tf.Variable(
             np.concatenate([rows, np.zeros((1, dim), np.float32)]), trainable=False,
             name=f"embeddings_{i}")
-    wide_names = set(cfg.model.params.get("wide_features", ()))
     columns = cfg.columns
     hashed = {c.name for c in columns.sparse
               if c.encoding == "string" and cfg.data.source != "generator"}
@@ -113,19 +112,18 @@ def _serving_module(cfg: JobConfig, snapshots: dict, dense_values: list, vocab_d
     def serve(features):
         keys_of = {name: _string_keys(features[name]) if name in hashed else features[name]
                    for name in signature if name != "dense"}
-        deep, wide = [], []
+        pooled = []
         for feature in cfg.features:
             keys = keys_of[feature.index_key]
             rows = module.key_index[feature.table].lookup(keys)
             emb = tf.gather(module.embeddings[feature.table], rows)
-            pooled = pool(emb, keys, feature.combiner)
-            (wide if feature.name in wide_names else deep).append(pooled)
+            pooled.append(pool(emb, keys, feature.combiner))
         dense = None
         if columns.dense:
             dense = features["dense"]
             if columns.dense_transform == "log1p":
                 dense = tf.math.log1p(tf.maximum(dense, 0.0))
-        logits = module.model(dense, deep, wide) if wide else module.model(dense, deep)
+        logits = apply_model(module.model, cfg, dense, pooled)
         return {"probabilities": tf.sigmoid(logits)}
 
     module.serve = serve

@@ -106,16 +106,12 @@ class JobGraph:
         return job
 
     def _tower(self, batch: dict, specs: list, *, is_train: bool) -> Tower:
-        cfg = self.cfg
-        wide_names = set(cfg.model.params.get("wide_features", ()))
-        deep, wide = [], []
-        for spec, feature in zip(specs, cfg.features):
+        pooled = []
+        for spec, feature in zip(specs, self.cfg.features):
             emb = sf.sparse_lookup(self.tables[feature.table], spec, is_train=is_train,
                                    batch=batch, name=f"lookup_{feature.name}")
-            pooled = pool(emb, batch[feature.index_key], feature.combiner)
-            (wide if feature.name in wide_names else deep).append(pooled)
-        dense = batch.get("dense")
-        logits = self.model(dense, deep, wide) if wide else self.model(dense, deep)
+            pooled.append(pool(emb, batch[feature.index_key], feature.combiner))
+        logits = apply_model(self.model, self.cfg, batch.get("dense"), pooled)
         labels = batch["labels"]
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
@@ -136,13 +132,19 @@ class JobGraph:
 def call_on_zeros(model: tf.Module, cfg: JobConfig) -> tf.Tensor:
     """Calls ``model`` once on a batch of zeros shaped as ``cfg`` feeds it, which creates its
     variables; returns the logits."""
-    wide_names = set(cfg.model.params.get("wide_features", ()))
-    deep, wide = [], []
-    for feature in cfg.features:
-        dim = cfg.table(feature.table).dim
-        (wide if feature.name in wide_names else deep).append(tf.zeros([1, dim]))
+    pooled = [tf.zeros([1, cfg.table(feature.table).dim]) for feature in cfg.features]
     dense = tf.zeros([1, len(cfg.columns.dense)]) if cfg.columns.dense else None
-    return model(dense, deep, wide) if wide else model(dense, deep)
+    return apply_model(model, cfg, dense, pooled)
+
+
+def apply_model(model: tf.Module, cfg: JobConfig, dense, pooled: list) -> tf.Tensor:
+    """The model's logits from ``dense`` (or None) and the pooled embeddings of
+    ``cfg.features`` (same order): features named in the model's ``wide_features`` form the
+    linear part, the others its deep inputs."""
+    wide_names = set(cfg.model.params.get("wide_features", ()))
+    deep = [p for f, p in zip(cfg.features, pooled) if f.name not in wide_names]
+    wide = [p for f, p in zip(cfg.features, pooled) if f.name in wide_names]
+    return model(dense, deep, wide)
 
 
 def _create_table(entry, seed: int):
