@@ -18,6 +18,7 @@ from sparseflow.optimizers.base import SparseOptimizer
 from sparseflow.optimizers.hparams import sgd_hparams
 # The placement rule itself, imported before conftest's autouse fixture pins it to "host".
 from sparseflow.table import default_rows_on as placement_rule
+from tests.modify_graph_job import modify_graph_training
 from tests.pipeline_utils import make_batch_iterator, run_all, sorted_state
 
 B, STEPS = 32, 30
@@ -451,62 +452,9 @@ def test_an_optimizer_without_a_device_update_names_the_device_table(sf_init):
         optimizer.apply_gradients([(grad, table)])
 
 
-def _modify_graph_training(mode, rows_on, steps=12):
-    """test_graph_modifier.py's model: FeatureSpec mode or automatic graph modification."""
-    rng = np.random.default_rng(4)
-    data = {"u": rng.integers(0, 300, (16 * steps, 4)), "i": rng.integers(0, 80, (16 * steps, 2))}
-    data["label"] = ((data["u"][:, 0] % 3) == 0).astype(np.float32)
-    with tf.Graph().as_default():
-        sf.init()
-        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1)
-        tu = sf.create_table(tf.int64, 8, "u", init, device_vocabulary_size=500,
-                             rows_on=rows_on)
-        ti = sf.create_table(tf.int64, 4, "i", init, device_vocabulary_size=200,
-                             rows_on=rows_on)
-        ds = tf.data.Dataset.from_tensor_slices(data).batch(16)
-        if mode == "spec":
-            specs = [sf.FeatureSpec("u", table_name="u", access_threshold=2),
-                     sf.FeatureSpec("i", table_name="i", access_threshold=2)]
-            it = tf.compat.v1.data.make_initializable_iterator(
-                ds.map(sf.get_asc_insert_func(tgt_key_specs=specs)))
-            b = it.get_next()
-            eu = sf.sparse_lookup(tu, specs[0], batch=b)
-            ei = sf.sparse_lookup(ti, specs[1], batch=b)
-        else:
-            it = tf.compat.v1.data.make_initializable_iterator(ds)
-            b = it.get_next()
-            config = {"access_threshold": 2}
-            eu = sf.sparse_lookup(tu, b["u"], 64, modify_graph=True,
-                                  access_and_evict_config=config)
-            ei = sf.sparse_lookup(ti, b["i"], 32, modify_graph=True,
-                                  access_and_evict_config=config)
-        x = tf.concat([tf.reduce_sum(eu, 1), tf.reduce_sum(ei, 1)], 1)
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([12, 1]) * 0.1)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=b["label"], logits=tf.squeeze(tf.matmul(x, w), 1)))
-        dense, sparse = sf.get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense + sparse)
-        train = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
-                zip(grads[:1], dense)),
-            lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[1:], sparse)))
-        if mode == "spec":
-            sf.start_asc_pipeline()
-            init_op = it.initializer
-        else:
-            sf.modify_graph_and_start_emb_cache()
-            init_op = sf.get_initializer(True)
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), init_op])
-            losses = [sess.run([train, loss])[1] for _ in range(steps)]
-            exported = tu.export()
-        sf.terminate_config_initializer()
-    return np.array(losses), exported
-
-
 def test_modify_graph_lookups_of_device_tables_train_as_host_feature_spec_mode():
-    host_losses, host_table = _modify_graph_training("spec", "host")
-    losses, table = _modify_graph_training("modify", "device")
+    host_losses, host_table = modify_graph_training("spec", rows_on="host")
+    losses, table = modify_graph_training("modify", rows_on="device")
     np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
     np.testing.assert_array_equal(table[0], host_table[0])
     np.testing.assert_allclose(table[1], host_table[1], rtol=1e-5, atol=1e-6)
