@@ -2,7 +2,7 @@
 
 One Criteo-sized feature (C3: 10,131,227 ids, Zipf) in batches of 4096 keys, 2 batches in
 flight. For device tiers of 100% down to 5% of the distinct keys the stream touches,
-``DeviceCache.place`` maps each batch's unique rows to slots (LRU over the slots no batch in
+``TierCache.place`` maps each batch's unique rows to slots (LRU over the slots no batch in
 flight needs). Reported: hit rate (rows already on the device), rows moved per batch, and
 placement throughput. What this does NOT measure yet: training steps with a tiered table
 (the cache is not wired into the step), so no samples/s against all-on-device.
@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 from report import machine_line, replace_section
 
-from sparseflow.pipeline.device_cache import DeviceCache
+from sparseflow.pipeline.tier_cache import TierCache
 from sparseflow.synthetic import criteo_exponent, zipf_ranks
 
 SECTION = "## Device cache policy: hit rate as the device tier shrinks"
@@ -38,7 +38,7 @@ def stream(batches: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def run(batches: list[np.ndarray], slots: int, rows: int) -> dict:
-    cache = DeviceCache("C3", slots, rows)
+    cache = TierCache("C3", slots, rows)
     queue: deque = deque()
     start = time.perf_counter()
     for seq, unique in enumerate(batches):
@@ -47,6 +47,7 @@ def run(batches: list[np.ndarray], slots: int, rows: int) -> dict:
         if len(queue) > IN_FLIGHT:
             cache.pop_plans()
             cache.release(queue.popleft())
+            cache.settle()
     seconds = time.perf_counter() - start
     placed = sum(b.shape[0] for b in batches)
     return {"hit_rate": cache.hit_rate, "in_per_batch": cache.swapped_in / len(batches),
@@ -62,8 +63,8 @@ def main() -> None:
     batches = stream(args.batches)
     distinct = int(np.unique(np.concatenate(batches)).shape[0])
     unique_per_batch = float(np.mean([b.shape[0] for b in batches]))
-    lines = [f"| device tier | slots | hit rate | rows in / batch | rows out / batch | "
-             f"placement (M rows/s) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| device tier | slots | hit rate | rows in / batch | rows out / batch | "
+             "placement (M rows/s) |", "|---:|---:|---:|---:|---:|---:|"]
     for share in SHARES:
         slots = max(int(distinct * share), int(unique_per_batch * (IN_FLIGHT + 1)) + 1)
         r = run(batches, slots, CARDINALITY)

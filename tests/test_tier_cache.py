@@ -1,0 +1,150 @@
+"""TierCache: residency of rows in a small fast tier over homes, and swap plans.
+
+The hammer test simulates the device and host stores with numpy and a reference store that
+holds every row's true value: whatever the cache decides, every batch must read its rows'
+latest values from the device, and no update may be lost when rows move.
+"""
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from sparseflow.pipeline.tier_cache import CacheFullError, TierCache
+
+
+def _execute(plans, device, host, gen=None):
+    """As the training step does: every write-back (unless the row was reused since), then
+    every swap in."""
+    for plan in plans:
+        keep = np.ones(plan.out_rows.shape[0], bool) if gen is None else \
+            gen[plan.out_rows] == plan.out_gens
+        host[plan.out_rows[keep]] = device[plan.out_slots[keep]]
+    for plan in plans:
+        device[plan.in_slots] = host[plan.in_rows]
+
+
+@pytest.mark.parametrize("slots, in_flight, seed", [(24, 1, 0), (24, 3, 1), (40, 4, 2),
+                                                    (28, 2, 3)])
+def test_hammer_a_tiny_cache_never_loses_an_update(slots, in_flight, seed):
+    rng = np.random.default_rng(seed)
+    n_rows, dim, batch = 300, 3, 6
+    cache = TierCache("t", slots, n_rows)
+    truth = rng.normal(size=(n_rows, dim))            # every row's true value
+    host = truth.copy()                                # host homes start with the init values
+    device = np.full((slots, dim), np.nan)             # garbage until something is swapped in
+    queue = deque()
+    for seq in range(600):
+        # Zipf-ish rows, distinct within the batch, sometimes a key without a row (-1).
+        rows = np.unique(np.minimum(rng.zipf(1.3, batch) - 1, n_rows - 1)).astype(np.int32)
+        if seq % 7 == 0:
+            rows = np.append(rows, -1).astype(np.int32)
+        late = seq % 3 == 0   # placed between the step's gather and its update
+        if not late:
+            queue.append((seq, rows, cache.place(rows, seq)))   # the pipeline runs ahead
+        if len(queue) <= in_flight:
+            if late:
+                queue.append((seq, rows, cache.place(rows, seq)))
+            continue
+        step_seq, step_rows, step_slots = queue.popleft()   # the training step
+        _execute(cache.pop_plans(), device, host)
+        valid = step_rows >= 0
+        np.testing.assert_array_equal(device[step_slots[valid]], truth[step_rows[valid]])
+        cache.release(step_seq)                             # the gather read the rows
+        if late:
+            queue.append((seq, rows, cache.place(rows, seq)))
+        delta = rng.normal(size=(int(valid.sum()), dim))
+        device[step_slots[valid]] += delta                  # the update lands on the device
+        truth[step_rows[valid]] += delta
+        if seq % 2:
+            cache.settle()          # after the update; otherwise the next pop_plans settles
+        assert len(set(cache.row_in[cache.row_in >= 0].tolist())) == int(
+            (cache.row_in >= 0).sum())                      # a row is in at most one slot
+    # Flush: every row's latest value is on the device if resident, else at home.
+    while queue:
+        step_seq, _, _ = queue.popleft()
+        cache.release(step_seq)
+    cache.settle()
+    _execute(cache.pop_plans(), device, host)
+    final = host.copy()
+    resident = cache.row_in >= 0
+    final[cache.row_in[resident]] = device[resident]
+    np.testing.assert_allclose(final, truth)
+    assert cache.swapped_out > 0 and 0.0 < cache.hit_rate < 1.0
+
+
+def test_rows_of_batches_in_flight_are_never_victims():
+    cache = TierCache("t", 4, 10, size_hint="device_vocabulary_size=4, host_vocabulary_size=6")
+    cache.place(np.array([0, 1], np.int32), seq=0)       # in flight
+    cache.place(np.array([2, 3], np.int32), seq=1)       # in flight: the cache is full
+    with pytest.raises(CacheFullError, match=r"device_vocabulary_size=4.*"
+                                                   r"host_vocabulary_size"):
+        cache.place(np.array([4], np.int32), seq=2)
+    assert cache.slot_of[4] == -1                        # nothing changed
+    cache.release(0)                                     # gathered, not yet updated
+    with pytest.raises(CacheFullError):
+        cache.place(np.array([4], np.int32), seq=2)
+    cache.settle()                                       # updated
+    slots = cache.place(np.array([4, 2], np.int32), seq=2)
+    assert cache.slot_of[0] == -1 or cache.slot_of[1] == -1   # an unpinned row left ...
+    assert slots[1] == cache.slot_of[2]                  # ... and row 2 kept its slot
+    plans = cache.pop_plans()
+    assert [p.in_rows.tolist() for p in plans] == [[0, 1], [2, 3], [4]]
+    assert plans[2].out_rows.tolist() == [0]             # least recently used first
+
+
+def test_forget_frees_the_slots_of_evicted_rows():
+    cache = TierCache("t", 3, 10)
+    cache.place(np.array([5, 6], np.int32), seq=0)
+    cache.release(0)
+    cache.settle()
+    freed = cache.forget(np.array([5, 9], np.int32))
+    assert freed.shape == (1,) and cache.slot_of[5] == -1 and cache.row_in[freed[0]] == -1
+
+
+def test_a_reused_row_drops_the_queued_write_back_of_its_old_contents():
+    cache = TierCache("t", 2, 10)
+    host = np.arange(10.0)[:, None].repeat(2, 1)
+    device = np.zeros((2, 2))
+    cache.place(np.array([0, 1], np.int32), seq=0)
+    _execute(cache.pop_plans(), device, host, cache.gen)
+    device[:] += 100.0                                   # trained
+    cache.release(0)
+    cache.settle()
+    cache.place(np.array([2], np.int32), seq=1)         # row 0 (LRU tie: lower slot) leaves
+    plan = cache.pop_plans()[0]
+    assert plan.out_rows.tolist() == [0]
+    cache.forget(np.array([0], np.int32))                # row 0 handed to a new key ...
+    host[0] = -7.0                                       # ... which writes its initial values
+    _execute([plan], device, host, cache.gen)
+    assert host[0].tolist() == [-7.0, -7.0]              # not the evicted key's 100.0
+    assert host[2].tolist() == device[plan.in_slots[0]].tolist()
+
+
+def test_lfu_evicts_the_least_often_placed_rows_first():
+    cache = TierCache("t", 3, 10, policy="lfu")
+    for seq, rows in enumerate([[0, 1, 2], [0, 2], [2], [0]]):
+        cache.place(np.array(rows, np.int32), seq)
+        cache.release(seq)
+        cache.settle()
+    cache.pop_plans()
+    cache.place(np.array([5], np.int32), seq=9)          # row 1 was placed once: it leaves
+    assert cache.pop_plans()[0].out_rows.tolist() == [1]
+    lru = TierCache("t", 3, 10)
+    for seq, rows in enumerate([[0, 1, 2], [1], [2]]):
+        lru.place(np.array(rows, np.int32), seq)
+        lru.release(seq)
+        lru.settle()
+    lru.pop_plans()
+    lru.place(np.array([5], np.int32), seq=9)
+    assert lru.pop_plans()[0].out_rows.tolist() == [0]  # LRU: row 0 is the oldest
+
+
+def test_reset_empties_the_cache():
+    cache = TierCache("t", 3, 10)
+    cache.place(np.array([0, 1], np.int32), seq=0)
+    cache.reset()
+    assert (cache.row_in == -1).all() and (cache.pins == 0).all() and not cache.pop_plans()
+    cache.release(0)                                     # a batch from before: ignored
+    cache.settle()
+    assert (cache.pins == 0).all()
