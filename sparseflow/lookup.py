@@ -208,10 +208,12 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
 
     @tf.autograph.experimental.do_not_convert
     def gather_and_release(rows, seq):
+        if table.tiers is not None:  # disk tier: the rows queued batches need, into memory
+            table.tiers.swap_host(table.rows.allocate())
         values = table.rows.gather(rows)
         # The batch's rows are read. With an optimizer bound, evicted rows are freed only
         # after its update has run (it calls drain), so no late update lands on a reused row.
-        table.processor.release(int(seq), drain=table.rows.optimizer is None)
+        table.release_batch(int(seq), drain=table.rows.optimizer is None)
         return values
 
     @tf.custom_gradient
@@ -235,43 +237,19 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
 def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
     """The unique rows of a device table's batch, gathered from its variables.
 
-    In order: one numpy function pops the table's pending rows (rows the key processor
-    assigned since the last pop, this batch's new rows among them, with their initial values)
-    and releases the batch; a scatter writes them (slots reset) — both in the table's critical
-    section; the gather reads the batch's unique rows. The gradient is an ``IndexedSlices``
-    over those rows, as for host tables; it depends on the gather, so that an update built
-    from it never overwrites the rows before the batch has read them.
+    A table holding every row on the device writes the rows the key processor assigned since
+    the last step first (:func:`_pending_device_gather`); a table over a host tier runs the
+    queued swaps first (:func:`_tiered_device_gather`). The gradient is an ``IndexedSlices``
+    over the batch's rows (slots), as for host tables; it depends on the gather, so that an
+    update built from it never overwrites the rows before the batch has read them.
     """
     store = table.rows
     device_rows = store.rows_in(rows.graph)
     dim = table.dim
-
-    @tf.autograph.experimental.do_not_convert
-    def pop_and_release(seq):
-        new_rows, values = store.pending.pop()
-        # With an optimizer bound, evicted rows are freed only after its update has run (it
-        # calls drain), so no late update lands on a reused row.
-        table.processor.release(int(seq), drain=store.optimizer is None)
-        return new_rows, values
-
-    # The critical section makes its lock wait for the ops its function reads: through an
-    # identity, so that a modify-graph rewire of the seq placeholder reaches them (a control
-    # dependency on the placeholder itself would not be rewired).
-    seq = tf.identity(seq)
-
-    def pop_and_initialize():
-        new_rows, values = tf.numpy_function(pop_and_release, [seq], [tf.int32, tf.float32],
-                                             stateful=True,
-                                             name=f"sparseflow_pending_{table.table_name}")
-        new_rows.set_shape([None])
-        values.set_shape([None, dim])
-        with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
-            return tf.identity(new_rows)
-
-    # Exclusive: another lookup of the table in the same run that pops this batch's new rows
-    # has written them before this pop returns (DeviceRows.exclusive).
-    with tf.control_dependencies([device_rows.exclusive(pop_and_initialize)]):
-        gathered = device_rows.gather(rows)
+    if table.tiers is not None:
+        gathered = _tiered_device_gather(table, device_rows, rows, seq)
+    else:
+        gathered = _pending_device_gather(table, device_rows, rows, seq)
     # The optimizer needs no dedup for these rows: the batch's unique rows.
     graph_cache(rows.graph, "device_unique_rows")[rows.name] = table.table_name
     capacity = table.capacity()
@@ -293,6 +271,70 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
     out = attach(table.gradient_anchor(), gathered)
     out.set_shape(rows.shape.concatenate([dim]))
     return out
+
+
+def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
+                          seq: tf.Tensor) -> tf.Tensor:
+    """A device table over a host tier: the swaps queued by the batches placed so far (this
+    one's included) run, then the gather reads the batch's slots, then the batch is released
+    (its slots stay pinned until its update has run)."""
+    tiers = table.tiers
+    # The swaps wait for the batch (its rows placed, their swaps queued): through its seq.
+    # Exclusive: the swaps of two lookups of the table in one run must not interleave (one's
+    # swap in of a row would read its home before the other's write-back of it).
+    gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
+        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=seq)))
+    with tf.control_dependencies([gate]):
+        gathered = device_rows.gather(rows)
+
+    @tf.autograph.experimental.do_not_convert
+    def release(seq):
+        table.release_batch(int(seq), drain=table.rows.optimizer is None)
+        return np.int64(0)
+
+    with tf.control_dependencies([gathered]):
+        released = tf.numpy_function(release, [seq], tf.int64, stateful=True,
+                                     name=f"sparseflow_release_{table.table_name}")
+    with tf.control_dependencies([released]):
+        return tf.identity(gathered)
+
+
+def _pending_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
+                           seq: tf.Tensor) -> tf.Tensor:
+    """A device table holding every row. In order: one numpy function pops the table's
+    pending rows (rows the key processor assigned since the last pop, this batch's new rows
+    among them, with their initial values) and releases the batch; a scatter writes them
+    (slots reset) — both in the table's critical section; the gather reads the batch's
+    unique rows."""
+    store = table.rows
+    dim = table.dim
+
+    @tf.autograph.experimental.do_not_convert
+    def pop_and_release(seq):
+        new_rows, values = store.pending.pop()
+        # With an optimizer bound, evicted rows are freed only after its update has run (it
+        # calls drain), so no late update lands on a reused row.
+        table.release_batch(int(seq), drain=store.optimizer is None)
+        return new_rows, values
+
+    # The critical section makes its lock wait for the ops its function reads: through an
+    # identity, so that a modify-graph rewire of the seq placeholder reaches them (a control
+    # dependency on the placeholder itself would not be rewired).
+    seq = tf.identity(seq)
+
+    def pop_and_initialize():
+        new_rows, values = tf.numpy_function(pop_and_release, [seq], [tf.int32, tf.float32],
+                                             stateful=True,
+                                             name=f"sparseflow_pending_{table.table_name}")
+        new_rows.set_shape([None])
+        values.set_shape([None, dim])
+        with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
+            return tf.identity(new_rows)
+
+    # Exclusive: another lookup of the table in the same run that pops this batch's new rows
+    # has written them before this pop returns (DeviceRows.exclusive).
+    with tf.control_dependencies([device_rows.exclusive(pop_and_initialize)]):
+        return device_rows.gather(rows)
 
 
 def is_unique_device_rows(indices: tf.Tensor) -> bool:
@@ -355,14 +397,16 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             for table, w, specs in members:
                 rows = flat[starts[w]:ends[w]]
                 storage = table.rows.allocate()
+                if table.tiers is not None:  # disk tier: queued batches' rows into memory
+                    table.tiers.swap_host(storage)
                 for _, r in specs:
                     n = int(part_sizes[r])
                     kk.expand_rows(storage, rows, flat[starts[r]:ends[r]], dim, out[at:at + n])
                     at += n
                 # The batch's rows are read. With an optimizer bound, evicted rows are freed
                 # only after its update has run (it calls drain).
-                table.processor.release(int(part_sizes[n_parts + w]),
-                                        drain=table.rows.optimizer is None)
+                table.release_batch(int(part_sizes[n_parts + w]),
+                                    drain=table.rows.optimizer is None)
             outs.append(out)
         return outs
 

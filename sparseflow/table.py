@@ -26,8 +26,10 @@ import tensorflow as tf
 
 from sparseflow import config as _config
 from sparseflow.embed.device_rows import DeviceTableRows
+from sparseflow.embed.disk_rows import DiskRows
 from sparseflow.embed.host_rows import HostRows
 from sparseflow.embed.initializers import init_spec_from_tf
+from sparseflow.embed.row_tiers import RowTiers
 from sparseflow.embed.table_config import TableConfig, make_table_config
 from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
@@ -71,6 +73,7 @@ class SparseTable:
                                  table_config.init_param)
         self.expands = expansion_block_rows is not None
         self.rows_on = rows_on
+        self.tiers: RowTiers | None = None
         sketch = None
         if table_config.admission_counter == "sketch":
             sketch = CountMinSketch(table_config.sketch_width, table_config.sketch_depth,
@@ -84,20 +87,58 @@ class SparseTable:
                                           capacity_hint=min(self.rows.capacity, 1 << 20),
                                           sketch=sketch, tracked_rows=self.rows.capacity)
         else:
-            if rows_on == "device":
-                self.rows = DeviceTableRows(self.table_name, table_config.capacity, self.dim,
-                                            spec)
-            else:
-                self.rows = HostRows(self.table_name, table_config.capacity, self.dim, spec)
+            self.rows, self.tiers = self._make_rows(table_config, spec, rows_on)
+            tiers = self.tiers
             self.processor = KeyProcessor(self.table_name, table_config.capacity, None,
-                                          self.rows.initialize,
+                                          tiers.initialize if tiers else self.rows.initialize,
                                           capacity_hint=min(table_config.capacity, 1 << 20),
-                                          sketch=sketch)
+                                          sketch=sketch,
+                                          place_rows=tiers.place if tiers else None)
         self.access_threshold = -1   # -1: off (set from the training feature specs)
         self.eviction_threshold = -1
         self._thresholds: tuple[int, int] | None = None
         self.send_counts: dict[str, int] = {}   # FeatureSpec unique name -> send_count
         self._anchors: dict = {}
+
+    def _make_rows(self, config: TableConfig, spec, rows_on: str):
+        """The rows (``HostRows`` or ``DeviceTableRows``) and, for a tiered table, the
+        :class:`RowTiers` over them: device rows with a host tier cache
+        ``device_vocabulary_size`` rows over host homes (LRU); host rows with a disk tier
+        hold ``device_vocabulary_size + host_vocabulary_size`` rows in memory over disk
+        homes (LFU)."""
+        if rows_on == "device":
+            tiered = config.host_vocabulary_size > 0
+            slots = config.device_vocabulary_size if tiered else config.capacity
+            rows = DeviceTableRows(self.table_name, slots, self.dim, spec)
+            hint = (f"device_vocabulary_size={config.device_vocabulary_size}, "
+                    f"host_vocabulary_size={config.host_vocabulary_size}")
+        else:
+            tiered = config.ssd_vocabulary_size > 0
+            slots = (config.device_vocabulary_size + config.host_vocabulary_size if tiered
+                     else config.capacity)
+            rows = HostRows(self.table_name, slots, self.dim, spec)
+            hint = (f"device_vocabulary_size + host_vocabulary_size = {slots}, "
+                    f"ssd_vocabulary_size={config.ssd_vocabulary_size}")
+        if not tiered:
+            return rows, None
+        tiers = RowTiers(self.table_name, slots, config.capacity, self.dim, spec,
+                         policy="lru" if rows_on == "device" else "lfu", size_hint=hint,
+                         make_homes=self._make_homes)
+        return rows, tiers
+
+    def _make_homes(self):
+        """A tiered table's homes, once the row layout is fixed: host rows for device slots,
+        a memory-mapped file for host slots. Returns (homes, slot initial values)."""
+        config = self.config
+        if self.rows_on == "device":
+            homes = HostRows(self.table_name, config.capacity, self.dim, self.rows.init_spec)
+            if self.rows.optimizer is not None:
+                homes.bind_optimizer(self.rows.optimizer)
+            homes.allocate()
+        else:
+            homes = DiskRows(self.table_name, config.capacity, self.rows.width,
+                             config.ssd_data_path)
+        return homes, self.rows.slot_values
 
     # -- Rec SDK table API -----------------------------------------------------------------
 
@@ -120,7 +161,10 @@ class SparseTable:
           (eviction runs), ``keys_evicted``
           (in total), ``capacity`` and ``clock`` (largest training timestamp, None before any).
           Under dynamic expansion ``capacity`` is the rows allocated so far and ``rows_free``
-          counts the rows a new key can take without growing them.
+          counts the rows a new key can take without growing them. A tiered table (device
+          rows with a host tier, or host rows with a disk tier) adds ``resident_rows`` (rows
+          in the fast tier), ``hit_rate`` (share of looked-up rows found there),
+          ``rows_swapped_in`` and ``rows_swapped_out``.
         """
         p = self.processor
         with p.lock:
@@ -128,10 +172,14 @@ class SparseTable:
             if self.expands:  # allocated rows not handed out yet, plus the free list
                 rows_free = self.rows.capacity - p.rows_ever_used + int(
                     p.state[kk.STATE_FREE_TOP])
-            return {"keys_held": p.size, "rows_free": rows_free, "rows_waiting": p.rows_waiting,
-                    "keys_counted_not_admitted": p.keys_counted, "evictions": p.evictions,
-                    "keys_evicted": p.keys_evicted, "capacity": self.capacity(),
-                    "clock": None if p.clock == np.int64(-(2**63)) else int(p.clock)}
+            stats = {"keys_held": p.size, "rows_free": rows_free,
+                     "rows_waiting": p.rows_waiting,
+                     "keys_counted_not_admitted": p.keys_counted, "evictions": p.evictions,
+                     "keys_evicted": p.keys_evicted, "capacity": self.capacity(),
+                     "clock": None if p.clock == np.int64(-(2**63)) else int(p.clock)}
+        if self.tiers is not None:
+            stats.update(self.tiers.stats())
+        return stats
 
     def reserve_memory(self) -> None:
         """Commits the table's row memory now rather than page by page as rows are first used.
@@ -155,6 +203,11 @@ class SparseTable:
         if self.rows_on == "device":
             return
         with self.processor.lock:  # no row may be handed out while we write the unused ones
+            if self.tiers is not None:  # host slots: the free ones (the rest hold rows)
+                with self.tiers.cache.lock:
+                    storage = self.rows.allocate()
+                    storage[self.tiers.cache.row_in < 0] = 0.0
+                return
             self.rows.commit_memory(self.processor.rows_ever_used)
 
     def export(self, sess=None) -> tuple[np.ndarray, np.ndarray]:
@@ -172,18 +225,12 @@ class SparseTable:
         Raises:
           RuntimeError: a device table and no open session to read it through.
         """
-        if self.rows_on == "device":
-            session = self.rows.session(sess)
-            with self.processor.lock:  # no row is assigned while pending rows are written
-                keys, rows, _ = self.processor.index.entries(admitted_only=True)
-                order = np.argsort(keys, kind="stable")
-                keys, rows = keys[order], rows[order]
-                values = self.rows.read(session, rows, weights_only=True)
-            return keys.astype(self.key_dtype.as_numpy_dtype), values
-        keys, rows = self.processor.admitted()
-        order = np.argsort(keys, kind="stable")
-        keys, rows = keys[order], rows[order]
-        return keys.astype(self.key_dtype.as_numpy_dtype), self.rows.gather(rows)
+        with self.processor.lock:  # no row is assigned or moved meanwhile
+            keys, rows, _ = self.processor.index.entries(admitted_only=True)
+            order = np.argsort(keys, kind="stable")
+            keys, rows = keys[order], rows[order]
+            values = self.read_rows(rows, sess, weights_only=True)
+        return keys.astype(self.key_dtype.as_numpy_dtype), values
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -200,7 +247,9 @@ class SparseTable:
             self._thresholds = spec.thresholds
             self.access_threshold, self.eviction_threshold = spec.thresholds
             self.processor.threshold = self.access_threshold
-            self.processor.track_in_flight = self.eviction_threshold >= 0
+            # Tiered tables always track batches: their slots stay pinned while in flight.
+            self.processor.track_in_flight = (self.eviction_threshold >= 0
+                                              or self.tiers is not None)
         elif self._thresholds != spec.thresholds:
             raise ValueError(
                 f"Table `{self.table_name}`: {source} sets access_threshold="
@@ -220,9 +269,75 @@ class SparseTable:
         return anchor
 
     def close(self) -> None:
-        """Releases rows and forgets graph state."""
+        """Releases rows (a disk tier's file included) and forgets graph state."""
         self.rows.close()
+        if self.tiers is not None:
+            self.tiers.close()
         self._anchors.clear()
+
+    # -- the training step's bookkeeping -----------------------------------------------------
+
+    def prepare(self) -> None:
+        """``start_asc_pipeline``: fixes the row layout. Host rows are allocated; device rows
+        get their variables and the ops checkpoints read and write them with (before the
+        graph is finalized); a tiered table's homes are made."""
+        if self.rows_on == "device":
+            self.rows.prepare()
+        else:
+            self.rows.allocate()
+        if self.tiers is not None:
+            self.tiers.homes  # noqa: B018 -- made now, with the layout just fixed
+
+    def release_batch(self, seq: int, drain: bool) -> None:
+        """A lookup gathered batch ``seq``'s rows.
+
+        Args:
+          seq: the batch's sequence number.
+          drain: free evicted rows now (no optimizer will update this batch's rows);
+            otherwise :meth:`after_update` does.
+        """
+        self.processor.release(int(seq), drain=drain)
+        if self.tiers is not None:
+            self.tiers.release(int(seq))
+
+    def after_update(self, rows: np.ndarray) -> None:
+        """The sparse optimizer updated ``rows`` (a batch's rows as the batch carries them:
+        fast-tier slots for a tiered table): marks them changed for incremental checkpoints,
+        frees evicted rows no batch in flight still needs, and unpins the updated batches'
+        fast slots."""
+        processor = self.processor
+        rows = rows[rows >= 0]
+        if self.tiers is not None:
+            rows = self.tiers.logical(rows)  # still pinned until settle() below
+        with processor.lock:
+            processor.dirty[rows[rows >= 0]] = True
+        processor.drain()
+        if self.tiers is not None:
+            self.tiers.settle()
+
+    def read_rows(self, rows: np.ndarray, sess=None, weights_only: bool = False) -> np.ndarray:
+        """``[weights | slots]`` (or the weights) of logical ``rows``, float32, in the host
+        layout, wherever they are (device variables, host memory, a fast tier or its homes).
+        The caller holds the key processor's lock.
+
+        Args:
+          rows: int32 rows the key processor assigned.
+          sess: device tables: the session (see ``DeviceTableRows.session``).
+          weights_only: only the ``dim`` weights.
+        """
+        if self.rows_on == "device":
+            session = self.rows.session(sess)
+            if self.tiers is None:
+                return self.rows.read(session, rows, weights_only)
+            device_rows = self.rows.prepared()
+            return self.tiers.read(rows, lambda s: device_rows.read(session, s),
+                                   lambda s, v: device_rows.write(session, s, v), weights_only)
+        storage = self.rows.allocate()
+        if self.tiers is not None:
+            return self.tiers.read(rows, storage.__getitem__, storage.__setitem__,
+                                   weights_only)
+        values = storage[rows]
+        return values[:, :self.dim] if weights_only else values
 
     def __repr__(self) -> str:
         return (f"SparseTable(name={self.table_name!r}, dim={self.dim}, "
@@ -256,9 +371,18 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
       emb_initializer: a TF initializer (v1, v2 or Keras): constant, zeros, ones,
         random_normal, truncated_normal, random_uniform, glorot/variance scaling. New rows draw
         from the same distribution with the same parameters, deterministically per key.
-      device_vocabulary_size, host_vocabulary_size: rows; capacity is their sum. In this
-        version all rows live in host memory.
-      ssd_vocabulary_size, ssd_data_path: the disk tier (validated; not yet used).
+      device_vocabulary_size, host_vocabulary_size: rows; the capacity is their sum (plus
+        ``ssd_vocabulary_size``). Device rows with ``host_vocabulary_size > 0`` keep
+        ``device_vocabulary_size`` rows in TF variables as a cache (least recently used rows
+        leave first) over a home for every row in host memory; host rows keep all of them in
+        host memory.
+      ssd_vocabulary_size, ssd_data_path: the disk tier, behind host rows only:
+        ``device_vocabulary_size + host_vocabulary_size`` rows stay in host memory as a cache
+        (least frequently used rows leave first) over a home for every row in a
+        memory-mapped file in the first directory of ``ssd_data_path`` (default: the
+        working directory) with room for it; the file is scratch space, deleted by
+        ``terminate_config_initializer()`` (checkpoints persist the rows). See
+        docs/design-notes.md, "Tiers".
       is_save: whether checkpoints include the table.
       init_param: multiplies the initializer's values, in [-10, 10].
       value_dtype: float32 only.
@@ -291,7 +415,7 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
       NotInitializedError: ``init`` was not called.
       RuntimeError: the pipeline has already started.
       TypeError, ValueError: an argument is invalid, or the name is taken; ``rows_on="device"``
-        under ``init(use_dynamic_expansion=True)``.
+        under ``init(use_dynamic_expansion=True)`` or with ``ssd_vocabulary_size > 0``.
     """
     rt = _config.runtime("create_table")
     block_rows = kwargs.pop("expansion_block_rows", None)
@@ -323,6 +447,13 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                 f"init(use_dynamic_expansion=True): device rows do not grow yet (table "
                 f"`{table_config.name}`). Received: 'device'")
         rows_on = "host"   # expanding tables grow their host rows
+    if table_config.ssd_vocabulary_size > 0:  # the disk tier sits behind host rows
+        if rows_on == "device":
+            raise ValueError(
+                f"Argument `rows_on` must be 'host' or None with ssd_vocabulary_size > 0: the "
+                f"disk tier sits behind host rows (table `{table_config.name}`, "
+                f"ssd_vocabulary_size={table_config.ssd_vocabulary_size}). Received: 'device'")
+        rows_on = "host"
     if rows_on is None:
         rows_on = default_rows_on()
     with rt.lock:

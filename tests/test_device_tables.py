@@ -32,6 +32,22 @@ OPTIMIZERS = {
 }
 
 
+def _placement(kind, capacity, tmp_path=None):
+    """create_table arguments for ``capacity`` rows placed as ``kind``: "host", "device", or
+    a tiered table with a fast tier of ~40% of the rows: "device_over_host" (device slots
+    over host homes) or "host_over_disk" (host slots over disk homes in ``tmp_path``)."""
+    fast = max(1, capacity * 2 // 5)
+    if kind in ("host", "device"):
+        return dict(device_vocabulary_size=capacity, rows_on=kind)
+    if kind == "device_over_host":
+        return dict(device_vocabulary_size=fast, host_vocabulary_size=capacity - fast,
+                    rows_on="device")
+    assert kind == "host_over_disk"
+    return dict(device_vocabulary_size=fast // 2, host_vocabulary_size=fast - fast // 2,
+                ssd_vocabulary_size=capacity - fast, ssd_data_path=str(tmp_path / "ssd"),
+                rows_on="host")
+
+
 def _data(seed=0, steps=STEPS):
     rng = np.random.default_rng(seed)
     n = B * steps
@@ -120,13 +136,13 @@ def test_a_mixed_model_trains_as_the_all_host_one():
 
 # -- checkpoints ------------------------------------------------------------------------------
 
-def _checkpointed_training(rows_on, data, skip=0):
-    """Lazy Adam on one table with admission and timestamps, no read-ahead (the key state at
-    a save is that of the batches trained on)."""
+def _checkpointed_training(placement, data, skip=0):
+    """Lazy Adam on one table (``placement``: create_table arguments) with admission and
+    timestamps, no read-ahead (the key state at a save is that of the batches trained on)."""
     specs = [sf.FeatureSpec("f", table_name="t", access_threshold=2, eviction_threshold=1000),
              sf.FeatureSpec("ts", is_timestamp=True)]
     table = sf.create_table(tf.int64, 4, "t", tf.compat.v1.random_normal_initializer(seed=2),
-                            device_vocabulary_size=300, rows_on=rows_on)
+                            **placement)
     ds = tf.data.Dataset.from_tensor_slices(data).batch(8).skip(skip)
     ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
     options = tf.data.Options()
@@ -146,7 +162,10 @@ def _checkpointed_training(rows_on, data, skip=0):
     return table, it, train, loss, saver
 
 
-@pytest.mark.parametrize("saved_on, restored_on", [("device", "host"), ("host", "device")])
+@pytest.mark.parametrize("saved_on, restored_on", [
+    ("device", "host"), ("host", "device"), ("device_over_host", "host"),
+    ("host", "device_over_host"), ("host_over_disk", "host"), ("host", "host_over_disk"),
+    ("device_over_host", "host_over_disk")])
 def test_a_checkpoint_moves_between_host_and_device_rows(saved_on, restored_on, tmp_path):
     rng = np.random.default_rng(3)
     data = {"f": rng.integers(0, 60, (80, 2)), "ts": np.repeat(np.arange(10), 8),
@@ -154,7 +173,8 @@ def test_a_checkpoint_moves_between_host_and_device_rows(saved_on, restored_on, 
     prefix = str(tmp_path / "model")
     with tf.Graph().as_default():
         sf.init()
-        table, it, train, loss, saver = _checkpointed_training(saved_on, data)
+        table, it, train, loss, saver = _checkpointed_training(
+            _placement(saved_on, 300, tmp_path), data)
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
             for _ in range(5):
@@ -165,7 +185,8 @@ def test_a_checkpoint_moves_between_host_and_device_rows(saved_on, restored_on, 
         sf.terminate_config_initializer()
     with tf.Graph().as_default():
         sf.init()
-        table, it, train, loss, saver = _checkpointed_training(restored_on, data, skip=5)
+        table, it, train, loss, saver = _checkpointed_training(
+            _placement(restored_on, 300, tmp_path), data, skip=5)
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
             saver.restore(sess, sf.latest_checkpoint(str(tmp_path)))
@@ -318,10 +339,13 @@ def test_an_evicted_row_is_reused_with_its_new_keys_initial_values_and_zero_slot
     assert table.processor.last_seen[row10] == 200
 
 
-def test_eviction_under_a_parallel_prefetching_pipeline_never_corrupts_batches(sf_init):
-    """As test_eviction.py's in-flight test, on device rows: evict after every step (every
-    key goes), rows recycled while batches wait in a prefetch buffer; with lr=0 every batch
-    must read each key's own initial values."""
+@pytest.mark.parametrize("kind", ["device", "device_over_host", "host_over_disk"])
+def test_eviction_under_a_parallel_prefetching_pipeline_never_corrupts_batches(kind, sf_init,
+                                                                               tmp_path):
+    """As test_eviction.py's in-flight test, on device rows and tiered tables: evict after
+    every step (every key goes), rows recycled while batches wait in a prefetch buffer (and,
+    in a tiered table, while their old contents still sit in the fast tier); with lr=0 every
+    batch must read each key's own initial values."""
     rng = np.random.default_rng(0)
     steps, batch_size, window = 60, 8, 40
     keys = np.stack([rng.integers(s, s + window, (batch_size, 2)) for s in range(steps)])
@@ -330,7 +354,7 @@ def test_eviction_under_a_parallel_prefetching_pipeline_never_corrupts_batches(s
     specs = [sf.FeatureSpec("f", table_name="t", access_threshold=0, eviction_threshold=0),
              sf.FeatureSpec("ts", is_timestamp=True)]
     table = sf.create_table(tf.int64, 4, "t", tf.compat.v1.random_uniform_initializer(seed=1),
-                            device_vocabulary_size=600, rows_on="device")
+                            **_placement(kind, 600, tmp_path))
     ds = _timestamped(keys, ts, specs, batch_size, num_parallel_calls=4).prefetch(8)
     it = tf.compat.v1.data.make_initializable_iterator(ds)
     batch = it.get_next()
@@ -468,12 +492,12 @@ def test_one_device_table_read_by_three_batches_in_one_run():
     data = [{"f": rng.integers(0, 50, (64, 2))}, {"f": rng.integers(0, 50, (64, 3))},
             {"f": rng.integers(0, 60, (64, 2))}]
 
-    def run(rows_on):
+    def run(kind):
         with tf.Graph().as_default():
             sf.init()
             table = sf.create_table(tf.int64, 4, "t",
                                     tf.compat.v1.random_normal_initializer(seed=6),
-                                    device_vocabulary_size=200, rows_on=rows_on)
+                                    **_placement(kind, 200))
             specs = [sf.FeatureSpec("f", table_name="t") for _ in data]
             its = [make_batch_iterator(d, 8, [s], is_training=i < 2, read_ahead=False)
                    for i, (d, s) in enumerate(zip(data, specs))]
@@ -492,7 +516,8 @@ def test_one_device_table_read_by_three_batches_in_one_run():
         return np.array(losses), exported
 
     host_losses, host_table = run("host")
-    losses, device_table = run("device")
-    np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
-    np.testing.assert_array_equal(device_table[0], host_table[0])
-    np.testing.assert_allclose(device_table[1], host_table[1], rtol=1e-5, atol=1e-6)
+    for kind in ("device", "device_over_host"):
+        losses, device_table = run(kind)
+        np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
+        np.testing.assert_array_equal(device_table[0], host_table[0])
+        np.testing.assert_allclose(device_table[1], host_table[1], rtol=1e-5, atol=1e-6)

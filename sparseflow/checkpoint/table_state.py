@@ -108,9 +108,10 @@ def capture(table, window=None, sess=None) -> TableState:
         order = np.argsort(rows[admitted], kind="stable")  # row order: a sequential read
         keys_a, counts_a, rows_a = keys[admitted][order], counts[admitted][order], \
             rows[admitted][order]
-        if session is not None:  # device rows: pending rows written first, then read
+        if table.tiers is not None:  # wherever each row is now: fast tier or home
+            values = table.read_rows(rows_a, session)
+        elif session is not None:  # device rows: pending rows written first, then read
             values = host.read(session, rows_a)
-            steps = host.read_step(session)
         else:
             storage = host.allocate()
             n = rows_a.shape[0]
@@ -118,6 +119,9 @@ def capture(table, window=None, sess=None) -> TableState:
                 values = storage[:n].copy()  # rows 0..n-1 all held: one sequential copy
             else:
                 values = storage[rows_a]
+        if session is not None:
+            steps = host.read_step(session)
+        else:
             steps = host.optimizer.steps(table.table_name) if host.optimizer is not None else 0
         tombstones = (np.concatenate(window[1]) if window is not None and window[1]
                       else np.zeros(0, np.int64))
@@ -200,7 +204,12 @@ def apply(table, state: TableState, source: str, sess=None) -> None:
         index.insert(state.keys, np.arange(n, dtype=np.int32), state.counts)
         if m:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
-        if session is not None:
+        if table.tiers is not None:
+            # Every row home, the fast tier emptied; a device table's step counter set.
+            table.tiers.load(state.values)
+            if session is not None and host.optimizer is not None:
+                host.prepared().write_step(session, state.optimizer_steps)
+        elif session is not None:
             # Every variable reset (rows beyond n included), then rows 0..n-1 written; a table
             # without optimizer slots (an inference graph) takes the weights only.
             host.load(session, state.values, state.optimizer_steps)

@@ -85,6 +85,8 @@ class DeviceRows:
         # (rows, done) of every initialize() op: slots bound later join them (see bind_slots).
         self._inits: list[tuple[tf.Tensor, tf.Operation]] = []
         self._io_layout = None    # the slot names the read / write ops were built for
+        # (build, gate) of swaps waiting for the slot layout (see when_laid_out).
+        self._deferred: list = []
         self._critical_section = None
         with self._clean_context():
             self._scope = self.graph.unique_name(f"{name}_device_rows") + "/"
@@ -277,6 +279,44 @@ class DeviceRows:
                             tf.compat.v1.scatter_update(linear_var, rows, linear),
                             tf.compat.v1.scatter_update(self.weights, rows, w))
 
+    def when_laid_out(self, build) -> tf.Operation:
+        """A gate op that runs after ``build()`` (a tensor), built once the slot layout is fixed:
+        now if the host-side ops exist, else by :meth:`build_io` (``start_asc_pipeline``),
+        which attaches it to the gate. A lookup built before the sparse optimizer (whose
+        slots the op must move too) waits on the gate."""
+        with self._clean_context(), self.graph.name_scope(self._scope):
+            if self.io_built:
+                with tf.control_dependencies([build()]):
+                    return tf.no_op(name="laid_out")
+            gate = tf.no_op(name="laid_out")
+        self._deferred.append((build, gate))
+        return gate
+
+    def swap(self, take, write_back_and_read, after: tf.Tensor) -> tf.Tensor:
+        """Moves rows between these variables and their homes (a tiered table), once
+        ``after`` (the batch's sequence number: its rows are placed by then) is computed:
+        ``take(after)`` gives int32 ``out_slots``, ``out_rows``, int64 ``out_gens``, int32 ``in_slots``,
+        ``in_rows``; the rows in ``out_slots`` are gathered (weights and slots, host layout)
+        and handed to ``write_back_and_read(out_rows, out_gens, values, in_rows)``, whose
+        result (the homes of ``in_rows``) is scattered into ``in_slots``. Returns
+        ``in_slots`` once the scatters have run."""
+        with self._clean_context(), self.graph.name_scope(self._scope):
+            out_slots, out_rows, out_gens, in_slots, in_rows = tf.numpy_function(
+                take, [after], [tf.int32, tf.int32, tf.int64, tf.int32, tf.int32], stateful=True,
+                name="take_swaps")
+            with tf.device(self.device):
+                out_values = tf.concat([tf.gather(v, out_slots) for v in self.variables], 1)
+            in_values = tf.numpy_function(write_back_and_read,
+                                          [out_rows, out_gens, out_values, in_rows],
+                                          tf.float32, stateful=True, name="swap_homes")
+            in_values.set_shape([None, self.width])
+            with tf.device(self.device):
+                scatters = [tf.compat.v1.scatter_update(
+                    v, in_slots, in_values[:, i * self.dim:(i + 1) * self.dim])
+                    for i, v in enumerate(self.variables)]
+            with tf.control_dependencies(scatters):
+                return tf.identity(in_slots)
+
     # -- host side: checkpoints and swapping ---------------------------------------------
 
     def build_io(self) -> None:
@@ -299,6 +339,10 @@ class DeviceRows:
                 self._step_value = tf.compat.v1.placeholder(tf.int64, [], "step_value")
                 self._write_step = self.step.assign(self._step_value, read_value=False)
         self._io_layout = self.slot_names
+        for build, gate in self._deferred:
+            with self._clean_context(), self.graph.name_scope(self._scope):
+                add_control_input(gate, build().op)
+        self._deferred.clear()
 
     def read(self, sess, rows: np.ndarray, weights_only: bool = False) -> np.ndarray:
         """float32 ``[len(rows), dim * (1 + n_slots)]``: ``[weights | slots]`` of ``rows``,
@@ -483,7 +527,7 @@ class DeviceTableRows:
             f"`with tf.compat.v1.Session() as sess:`, or after a sparseflow.Saver save or "
             f"restore with a session that is still open.")
 
-    def _rows(self) -> DeviceRows:
+    def prepared(self) -> DeviceRows:
         if self.device_rows is None:
             raise RuntimeError(f"Table `{self.name}` has no variables yet: call "
                                f"start_asc_pipeline() first.")
@@ -498,13 +542,13 @@ class DeviceTableRows:
             values[:, :self.dim] = weights
             for i, value in enumerate(self.slot_values):
                 values[:, self.dim * (i + 1):self.dim * (i + 2)] = value
-            self._rows().write(sess, rows, values)
+            self.prepared().write(sess, rows, values)
 
     def read(self, sess, rows: np.ndarray, weights_only: bool = False) -> np.ndarray:
         """``[weights | slots]`` (or the weights) of ``rows`` in the host layout, pending rows
         written first. The caller holds the key processor's lock."""
         self.flush(sess)
-        return self._rows().read(sess, rows, weights_only)
+        return self.prepared().read(sess, rows, weights_only)
 
     def gather(self, rows: np.ndarray, sess=None) -> np.ndarray:
         """Weights of ``rows`` as float32 ``[len(rows), dim]`` (as ``HostRows.gather``)."""
@@ -521,7 +565,7 @@ class DeviceTableRows:
         sets the step counter: a checkpoint restore. Pending rows are dropped (they were
         assigned before the restore). The caller holds the key processor's lock."""
         self.pending.pop()
-        rows = self._rows()
+        rows = self.prepared()
         rows.reset(sess)
         rows.write(sess, np.arange(values.shape[0], dtype=np.int32), values[:, :rows.width])
         if self.optimizer is not None:
@@ -529,7 +573,7 @@ class DeviceTableRows:
 
     def read_step(self, sess) -> int:
         """The step counter of the bound optimizer (0 without one)."""
-        return self._rows().read_step(sess) if self.optimizer is not None else 0
+        return self.prepared().read_step(sess) if self.optimizer is not None else 0
 
     def close(self) -> None:
         """Drops the pending rows and the variables' handle; any later use raises."""

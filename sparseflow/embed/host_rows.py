@@ -213,6 +213,16 @@ class HostRows:
             gather_rows(storage, rows, self.dim, out)
         return out
 
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """``[weights | slots]`` of ``rows`` (int32, >= 0), float32 ``[n, width]`` (a copy)."""
+        with self.pinned() as storage:
+            return storage[np.asarray(rows, np.int64)]
+
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Stores ``values`` (float32 ``[n, width]``) at ``rows`` (int32, >= 0)."""
+        with self.pinned() as storage:
+            storage[np.asarray(rows, np.int64)] = values
+
     def slots(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Each optimizer slot of ``rows``, by slot name, as ``[len(rows), dim]`` copies."""
         with self.pinned() as storage:

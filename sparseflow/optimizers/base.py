@@ -151,10 +151,9 @@ class SparseOptimizer:
         @tf.autograph.experimental.do_not_convert
         def bookkeeping(*rows_of_tables):
             for table, rows in zip(tables, rows_of_tables):
-                processor = table.processor
-                with processor.lock:  # for incremental checkpoints: these rows changed
-                    processor.dirty[rows[rows >= 0]] = True
-                processor.drain()  # evicted rows the gathered batches held may now be reused
+                # Changed rows marked; evicted rows the gathered batches held may now be
+                # reused; a tiered table's updated slots unpinned.
+                table.after_update(rows)
             return np.int64(len(tables))
 
         # After the updates: a row is freed for reuse only once no update can land on it.
@@ -177,10 +176,9 @@ class SparseOptimizer:
                     step = self._steps.get(table.table_name, 0) + 1
                     self._steps[table.table_name] = step
                 self._update(storage, rows, np.ascontiguousarray(values, np.float32), step)
-                processor = table.processor
-                with processor.lock:  # for incremental checkpoints: these rows changed
-                    processor.dirty[rows[rows >= 0]] = True
-                processor.drain()  # evicted rows the gathered batches held may now be reused
+                # Changed rows marked; evicted rows the gathered batches held may now be
+                # reused; a tiered table's updated slots unpinned.
+                table.after_update(rows)
             return np.int64(len(tables))
         return apply
 

@@ -137,9 +137,8 @@ class ByAddressOptimizer(SparseOptimizer):
                 # Pinned: growth cannot copy the rows away while the kernel writes them.
                 with table.rows.pinned() as storage:
                     self._update(storage, rows, values, step)
-                processor = table.processor  # its lock only after unpinning (lock order)
-                with processor.lock:  # for incremental checkpoints: these rows changed
-                    processor.dirty[rows[rows >= 0]] = True
-                processor.drain()  # evicted rows the gathered batches held may now be reused
+                # The key processor's lock only after unpinning (lock order): changed rows
+                # marked, evicted rows the gathered batches held may now be reused.
+                table.after_update(rows)
             return np.int64(len(tables))
         return apply

@@ -99,12 +99,16 @@ class KeyProcessor:
       tracked_rows: dynamic expansion: rows the per-row arrays (last-seen times, checkpoint
         marks) cover at first; they grow (doubling) as rows past them are handed out, so a
         ``row_limit`` of 2^31 - 1 costs nothing up front. None: ``row_limit`` rows, fixed.
+      place_rows: tiered tables: callback ``(rows int32[U], seq) -> slots int32[U]`` that
+        turns a batch's unique logical rows into fast-tier slots, which the batch then
+        carries instead (``embed/row_tiers.py``); in-flight tracking is then always on.
     """
 
     def __init__(self, table_name: str, row_limit: int, access_threshold: int | None,
                  init_rows: Callable[[np.ndarray, np.ndarray], None],
                  capacity_hint: int = 1024, size_hint: str = "device_vocabulary_size",
-                 sketch: CountMinSketch | None = None, *, tracked_rows: int | None = None):
+                 sketch: CountMinSketch | None = None, *, tracked_rows: int | None = None,
+                 place_rows: Callable[[np.ndarray, int], np.ndarray] | None = None):
         self.table_name = table_name
         self.threshold = -1 if access_threshold is None else int(access_threshold)
         self.sketch = sketch
@@ -121,7 +125,8 @@ class KeyProcessor:
         # In-flight tracking (on when the table can evict): every call gets a sequence number;
         # the model's gather releases it. Rows freed by an eviction wait in the quarantine until
         # no batch processed before that eviction is still outstanding.
-        self.track_in_flight = False
+        self._place_rows = place_rows
+        self.track_in_flight = place_rows is not None
         self._next_seq = 0
         self._max_released = -1
         self._outstanding: set[int] = set()
@@ -209,6 +214,10 @@ class KeyProcessor:
                 seq = self._next_seq
                 self._next_seq += 1
                 self._outstanding.add(seq)
+            if self._place_rows is not None:
+                # A full fast tier raises here, after the keys were counted and assigned: a
+                # configuration error (the tier is smaller than the batches in flight).
+                rows[:n_unique] = self._place_rows(rows[:n_unique], seq)
         return BatchResult(rows=rows, restore=restore, n_new=int(n_new), seq=seq)
 
     # -- eviction --------------------------------------------------------------------------
@@ -395,6 +404,11 @@ class KeyProcessor:
     def rows_ever_used(self) -> int:
         """Rows ``[0, rows_ever_used)`` have been handed out at least once; the rest never."""
         return int(self.state[kk.STATE_NEXT_ROW])
+
+    @property
+    def tiered(self) -> bool:
+        """Whether batches carry fast-tier slots instead of rows (a tiered table)."""
+        return self._place_rows is not None
 
     @property
     def row_limit(self) -> int:

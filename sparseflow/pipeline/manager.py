@@ -61,12 +61,7 @@ def start_asc_pipeline() -> None:
                                 f"`{table_name}` was never looked up with "
                                 f"sparse_lookup(..., send_count=N).")
         for table in rt.tables.values():
-            if table.rows_on == "device":
-                # Variables (in the default graph when no lookup built them) and the ops that
-                # checkpoints read and write them with, before the graph is finalized.
-                table.rows.prepare()
-            else:
-                table.rows.allocate()
+            table.prepare()
         rt.pipeline_started = True
 
 

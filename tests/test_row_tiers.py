@@ -1,0 +1,226 @@
+"""Tiered tables: a small fast tier caching rows whose homes are in a slower one.
+
+- device rows over a host tier: ``rows_on="device"``, ``host_vocabulary_size > 0``;
+- host rows over a disk tier: ``ssd_vocabulary_size > 0``.
+
+The reference is the same training with every row in host memory: the tiers only move rows,
+so losses, trained rows, checkpoints and exports must match it (1e-5) while the fast tier,
+much smaller than the keys trained, swaps rows in and out every step.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.optimizers import adagrad, lazy_adam
+from sparseflow.pipeline.tier_cache import CacheFullError
+from tests.pipeline_utils import make_batch_iterator
+
+B, STEPS, V = 32, 40, 3000
+D1, D2 = 8, 4
+EVICT_EVERY = 12
+
+
+def _data(seed=0, steps=STEPS):
+    """Zipf keys (a few hot, a long tail), one timestamp per batch."""
+    rng = np.random.default_rng(seed)
+    n = B * steps
+
+    def zipf(shape):
+        return (rng.zipf(1.15, shape) * 7919 % V).astype(np.int64)
+
+    data = {"f1": zipf((n, 3)), "f2": zipf((n, 2)), "f3": zipf((n, 2)) % 500,
+            "ts": np.repeat(np.arange(steps, dtype=np.int64) * 10, B)}
+    data["label"] = ((data["f1"][:, 0] % 3 == 0) | (data["f3"][:, 0] % 2 == 0)).astype(
+        np.float32)
+    return data
+
+
+def _tiers(kind, tmp_path):
+    """create_table arguments per table for a tiering ``kind``."""
+    if kind == "host":
+        return {"t1": dict(device_vocabulary_size=V), "t2": dict(device_vocabulary_size=500)}
+    if kind == "device":
+        return {"t1": dict(device_vocabulary_size=V, rows_on="device"),
+                "t2": dict(device_vocabulary_size=500, rows_on="device")}
+    if kind == "device_over_host":
+        return {"t1": dict(device_vocabulary_size=300, host_vocabulary_size=V - 300,
+                           rows_on="device"),
+                "t2": dict(device_vocabulary_size=150, host_vocabulary_size=350,
+                           rows_on="device")}
+    assert kind == "host_over_disk"
+    disk = str(tmp_path / "ssd")
+    return {"t1": dict(device_vocabulary_size=100, host_vocabulary_size=200,
+                       ssd_vocabulary_size=V - 300, ssd_data_path=disk, rows_on="host"),
+            "t2": dict(device_vocabulary_size=50, host_vocabulary_size=100,
+                       ssd_vocabulary_size=350, ssd_data_path=[disk], rows_on="host")}
+
+
+def _train(data, tiers, optimizer=lazy_adam.create_hash_optimizer, evict=False):
+    """Two tables (t1: dim 8, shared by f1 and f2; t2: dim 4), admission threshold 2, a
+    logistic tower; returns (losses, {table: (keys, embeddings)}, {table: stats}).
+
+    Without ``evict``, two batches are prefetched (batches in flight pin their slots). With
+    it, keys unseen for 50 time units are evicted every EVICT_EVERY steps and nothing is read
+    ahead: which keys an eviction removes depends on the batches the pipeline has processed,
+    so a read-ahead would make the runs differ by timing."""
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec(f, table_name=t, access_threshold=2, eviction_threshold=50)
+                 for f, t in (("f1", "t1"), ("f2", "t1"), ("f3", "t2"))]
+        specs.append(sf.FeatureSpec("ts", is_timestamp=True))
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        tables = {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
+                  for name, dim in (("t1", D1), ("t2", D2))}
+        ds = tf.data.Dataset.from_tensor_slices(data).batch(B, drop_remainder=True)
+        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
+        if evict:
+            options = tf.data.Options()
+            options.experimental_optimization.inject_prefetch = False
+            ds = ds.with_options(options)
+        else:
+            ds = ds.prefetch(2)
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        batch = it.get_next()
+        pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
+                  for s in specs[:3]]
+        w0 = np.random.default_rng(5).normal(0, 0.3, (D1 + D1 + D2, 1)).astype(np.float32)
+        w = tf.compat.v1.get_variable("w", initializer=w0)
+        logit = tf.squeeze(tf.matmul(tf.concat(pooled, 1), w), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
+                                                                      logits=logit))
+        dense, sparse = sf.get_dense_and_sparse_variable()
+        grads = tf.gradients(loss, dense + sparse)
+        train = tf.group(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+                zip(grads[:len(dense)], dense)),
+            optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
+        sf.start_asc_pipeline()
+        losses = []
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            while True:
+                try:
+                    losses.append(sess.run([train, loss])[1])
+                except tf.errors.OutOfRangeError:
+                    break
+                if evict and len(losses) % EVICT_EVERY == 0:
+                    sf.evict()
+            exported = {name: t.export(sess) for name, t in tables.items()}
+            stats = {name: t.stats() for name, t in tables.items()}
+        sf.terminate_config_initializer()
+    return np.array(losses), exported, stats
+
+
+def _assert_same(run, reference):
+    (losses, tables, _), (ref_losses, ref_tables, _) = run, reference
+    assert len(losses) == len(ref_losses)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for name, (keys, emb) in ref_tables.items():
+        np.testing.assert_array_equal(tables[name][0], keys)
+        np.testing.assert_allclose(tables[name][1], emb, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {evict: _train(_data(), _tiers("host", None), evict=evict) for evict in (False, True)}
+
+
+@pytest.mark.parametrize("evict", [False, True], ids=["prefetch", "evict"])
+@pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
+def test_a_small_fast_tier_trains_as_all_rows_in_memory(kind, evict, reference, tmp_path):
+    run = _train(_data(), _tiers(kind, tmp_path), evict=evict)
+    _assert_same(run, reference[evict])
+    stats = run[2]["t1"]
+    # The fast tier churned: far more keys than slots went through it.
+    assert stats["rows_swapped_out"] > 300 and 0.3 < stats["hit_rate"] < 0.95
+    assert (stats["keys_evicted"] > 100) == evict
+    assert reference[evict][0][-10:].mean() < reference[evict][0][:10].mean()  # it trained
+    if kind == "host_over_disk":
+        assert not os.listdir(tmp_path / "ssd")  # the scratch files are gone at terminate
+
+
+def test_all_rows_on_device_train_as_host_rows_with_eviction(reference):
+    _assert_same(_train(_data(), _tiers("device", None), evict=True), reference[True])
+
+
+@pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
+def test_adagrad_through_a_tier(kind, tmp_path):
+    data = _data(seed=1, steps=20)
+    reference = _train(data, _tiers("host", None), adagrad.create_hash_optimizer)
+    _assert_same(_train(data, _tiers(kind, tmp_path), adagrad.create_hash_optimizer),
+                 reference)
+
+
+def test_a_fast_tier_smaller_than_a_batch_names_both_sizes(sf_init):
+    spec = sf.FeatureSpec("f", table_name="t")
+    table = sf.create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer(),
+                            device_vocabulary_size=4, host_vocabulary_size=96,
+                            rows_on="device")
+    it = make_batch_iterator({"f": np.arange(12).reshape(2, 6)}, 1, [spec])
+    emb = sf.sparse_lookup(table, spec, batch=it.get_next())
+    sf.start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+        with pytest.raises(tf.errors.OpError, match=r"Table `t`: a batch needs 6 rows moved "
+                                                    r"into the fast tier, but only 4 of its 4 "
+                                                    r"slots \(device_vocabulary_size=4, "
+                                                    r"host_vocabulary_size=96\)"):
+            sess.run(emb)
+    assert issubclass(CacheFullError, RuntimeError)
+
+
+def test_the_disk_tier_sits_behind_host_rows(sf_init, tmp_path):
+    init = tf.compat.v1.zeros_initializer()
+    with pytest.raises(ValueError, match=r"Argument `rows_on` must be 'host' or None with "
+                                         r"ssd_vocabulary_size > 0.*table `a`.*Received: "
+                                         r"'device'"):
+        sf.create_table(tf.int64, 2, "a", init, host_vocabulary_size=5, ssd_vocabulary_size=5,
+                        ssd_data_path=str(tmp_path), rows_on="device")
+    table = sf.create_table(tf.int64, 2, "b", init, device_vocabulary_size=3,
+                            host_vocabulary_size=5, ssd_vocabulary_size=7,
+                            ssd_data_path=str(tmp_path))
+    assert table.rows_on == "host" and table.capacity() == 15
+    assert table.rows.capacity == 8            # device + host rows in memory, over 15 homes
+    stats = table.stats()
+    assert (stats["resident_rows"], stats["rows_swapped_in"], stats["hit_rate"]) == (0, 0, 1.0)
+    assert sf.create_table(tf.int64, 2, "c", init, host_vocabulary_size=5).tiers is None
+
+
+def test_a_row_handed_to_a_new_key_is_not_overwritten_by_its_old_contents(tmp_path):
+    """Row 0 is chosen to leave the fast tier (a queued plan will write it home), then its key
+    is evicted and the row handed to a new key before the plan runs: the new key's initial
+    values at home must survive the plan."""
+    from sparseflow.embed.disk_rows import DiskRows
+    from sparseflow.embed.initializers import init_rows, init_spec_from_tf
+    from sparseflow.embed.row_tiers import RowTiers
+
+    spec = init_spec_from_tf(tf.compat.v1.random_uniform_initializer(seed=1), (10, 2), 0, 1.0)
+    tiers = RowTiers("t", 2, 10, 2, spec, "lru", "2 slots",
+                     make_homes=lambda: (DiskRows("t", 10, 2, [str(tmp_path)]), ()))
+    fast = np.zeros((2, 2), np.float32)
+
+    def initial(key):
+        out = np.zeros((1, 2), np.float32)
+        init_rows(out, np.zeros(1, np.int32), np.array([key], np.int64), spec, 2)
+        return out[0]
+
+    tiers.initialize(np.array([0, 1], np.int32), np.array([100, 101], np.int64))
+    slots = tiers.place(np.array([0, 1], np.int32), seq=0)
+    tiers.swap_host(fast)
+    np.testing.assert_array_equal(fast[slots[0]], initial(100))
+    fast += 100.0                                            # trained
+    tiers.release(0)
+    tiers.settle()
+    tiers.place(np.array([2], np.int32), seq=1)             # row 0 is queued to leave
+    tiers.initialize(np.array([0], np.int32), np.array([555], np.int64))   # reused
+    tiers.swap_host(fast)
+    np.testing.assert_array_equal(tiers.homes.read(np.array([0]))[0], initial(555))
+    np.testing.assert_array_equal(tiers.homes.read(np.array([1]))[0], initial(101))  # untouched
+    row0_slot = tiers.place(np.array([0], np.int32), seq=2)[0]
+    tiers.swap_host(fast)
+    np.testing.assert_array_equal(fast[row0_slot], initial(555))
+    tiers.close()
