@@ -559,3 +559,132 @@ def test_sparse_optimizer_params_match_the_factories(name):
             if not is_open:
                 check(learning_rate=0.1, **{key: bound})
                 parse(MINIMAL, [spec.replace(repr(outside), repr(bound))])
+
+
+# ------------------------------------------------------------------------------ table tiers
+
+def test_table_tiers_parse_with_their_defaults():
+    for table in parse(MINIMAL).tables:
+        assert (table.rows_on, table.host_vocabulary_size, table.ssd_vocabulary_size,
+                table.ssd_data_path) == ("auto", 0, 0, None)
+    text = edit("defaults: {dim: 16}", "defaults: {dim: 16, rows_on: host, ssd_data_path: /ssd}")
+    text = edit("C1: {vocabulary_size: 100}",
+                "C1: {vocabulary_size: 100, host_vocabulary_size: 900, ssd_vocabulary_size: 5000}",
+                text)
+    text = edit("C2: {vocabulary_size: 200}",
+                "C2: {vocabulary_size: 200, rows_on: device, host_vocabulary_size: 800}", text)
+    cfg = parse(text)
+    c1, c2 = cfg.tables
+    assert (c1.rows_on, c1.host_vocabulary_size, c1.ssd_vocabulary_size, c1.ssd_data_path) == (
+        "host", 900, 5000, ("/ssd",))
+    # The default ssd_data_path applies to tables with a disk tier only.
+    assert (c2.rows_on, c2.host_vocabulary_size, c2.ssd_vocabulary_size, c2.ssd_data_path) == (
+        "device", 800, 0, None)
+    assert parse(text, ["tables.C1.ssd_data_path=[/a, /b]"]).table("C1").ssd_data_path == (
+        "/a", "/b")
+    assert parse(text, ["tables.C1.ssd_data_path=null"]).table("C1").ssd_data_path is None
+    # config.json writes them out, and reads back as the same job.
+    tables = cfg.to_dict()["tables"]
+    assert {k: tables["C1"][k] for k in ("rows_on", "host_vocabulary_size",
+                                         "ssd_vocabulary_size", "ssd_data_path")} == {
+        "rows_on": "host", "host_vocabulary_size": 900, "ssd_vocabulary_size": 5000,
+        "ssd_data_path": ["/ssd"]}
+    assert "ssd_data_path" not in tables["C2"]
+    assert parse(yaml.safe_dump(cfg.to_dict(), sort_keys=False)) == cfg
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, rows_on: gpu}",
+     'job.yaml:11 tables.C1.rows_on: must be one of host, device, auto, got "gpu"'),
+    ("defaults: {dim: 16}", "defaults: {dim: 16, rows_on: Host}",
+     'job.yaml:10 tables.defaults.rows_on: must be one of host, device, auto, got "Host" '
+     "(did you mean host?)"),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, host_vocabulary_size: -1}",
+     "job.yaml:11 tables.C1.host_vocabulary_size: must be an integer in [0, 1000000000], "
+     "got -1"),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, host_vocabulary_size: 10,\n"
+     "       ssd_vocabulary_size: 1.5}",
+     "job.yaml:12 tables.C1.ssd_vocabulary_size: must be an integer in [0, 1000000000], "
+     "got 1.5"),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, ssd_vocabulary_size: 1000}",
+     "job.yaml:11 tables.C1.ssd_vocabulary_size: needs host_vocabulary_size > 0 (the disk "
+     "tier sits behind the host tier), got 1000"),
+    ("defaults: {dim: 16}", "defaults: {dim: 16, ssd_vocabulary_size: 1000}",
+     "job.yaml:10 tables.defaults.ssd_vocabulary_size: needs host_vocabulary_size > 0 (the "
+     "disk tier sits behind the host tier), got 1000"),
+    ("defaults: {dim: 16}", "defaults: {dim: 16, rows_on: device}\n"
+     "  C3: {vocabulary_size: 100, host_vocabulary_size: 10, ssd_vocabulary_size: 10}",
+     "job.yaml:11 tables.C3.ssd_vocabulary_size: needs host rows, rows_on host or auto (the "
+     "disk tier sits behind host rows), got rows_on device"),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, host_vocabulary_size: 10,\n"
+     "       ssd_vocabulary_size: 10, ssd_data_path: []}",
+     "job.yaml:12 tables.C1.ssd_data_path: must list at least 1 item, got []"),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, host_vocabulary_size: 10,\n"
+     "       ssd_vocabulary_size: 10, ssd_data_path: [/ssd, 7]}",
+     "job.yaml:12 tables.C1.ssd_data_path[1]: must be a non-empty string of at most 1000 "
+     "characters, got 7"),
+    ("defaults: {dim: 16}", "defaults: {dim: 16, ssd_data_path: {dir: /ssd}}",
+     'job.yaml:10 tables.defaults.ssd_data_path: must be a list of strings, got {"dir": "/ssd"}'),
+    ("C1: {vocabulary_size: 100}", "C1: {vocabulary_size: 100, ssd_data_path: /ssd}",
+     'job.yaml:11 tables.C1.ssd_data_path: only with ssd_vocabulary_size > 0 (the disk tier\'s '
+     'directories); table "C1" has no disk tier'),
+])
+def test_table_tier_errors(old, new, expected):
+    assert error(edit(old, new)) == expected
+
+
+def test_table_tier_override_errors():
+    assert error(MINIMAL, ["tables.C2.rows_on=gpu"]) == (
+        '--set tables.C2.rows_on: must be one of host, device, auto, got "gpu"')
+    assert error(MINIMAL, ["tables.C2.ssd_vocabulary_size=5"]) == (
+        "--set tables.C2.ssd_vocabulary_size: needs host_vocabulary_size > 0 (the disk tier "
+        "sits behind the host tier), got 5")
+
+
+def test_job_graph_passes_table_tiers_to_create_table(monkeypatch):
+    """The tier keys reach create_table: the built table holds them (rows_on: auto passes
+    None, the placement rule, which tests/conftest.py pins to host)."""
+    import sparseflow as sf
+    from sparseflow.jobs import runner
+
+    calls = {}
+    create_table = sf.create_table
+
+    def spy(*args, **kwargs):
+        calls[args[2]] = kwargs
+        return create_table(*args, **kwargs)
+
+    monkeypatch.setattr(sf, "create_table", spy)
+    text = edit("C1: {vocabulary_size: 100}",
+                "C1: {vocabulary_size: 100, rows_on: host, host_vocabulary_size: 50}")
+    with runner.job_graph(parse(text), training=False, evaluation=False) as job:
+        c1, c2 = job.tables["C1"], job.tables["C2"]
+        assert (c1.rows_on, c1.config.device_vocabulary_size, c1.config.host_vocabulary_size,
+                c1.capacity()) == ("host", 100, 50, 150)
+        assert (c2.config.host_vocabulary_size, c2.config.ssd_vocabulary_size) == (0, 0)
+    assert calls["C1"]["rows_on"] == "host" and calls["C2"]["rows_on"] is None
+
+
+def test_create_table_receives_device_and_disk_tiers(monkeypatch):
+    """rows_on: device and the disk tier arrive as create_table's arguments (the table itself
+    is not built: only the hand-over is checked)."""
+    import sparseflow as sf
+    from sparseflow.jobs.graph import _create_table
+
+    calls = []
+    monkeypatch.setattr(sf, "create_table", lambda *args, **kwargs: calls.append(kwargs))
+    text = edit("C1: {vocabulary_size: 100}",
+                "C1: {vocabulary_size: 100, rows_on: device, host_vocabulary_size: 400}")
+    text = edit("C2: {vocabulary_size: 200}",
+                "C2: {vocabulary_size: 200, host_vocabulary_size: 20, ssd_vocabulary_size: 30,\n"
+                "       ssd_data_path: [/ssd0, /ssd1]}", text)
+    cfg = parse(text)
+    for i, table in enumerate(cfg.tables):
+        _create_table(table, i)
+    assert [{k: c[k] for k in ("device_vocabulary_size", "host_vocabulary_size",
+                               "ssd_vocabulary_size", "ssd_data_path", "rows_on")}
+            for c in calls] == [
+        {"device_vocabulary_size": 100, "host_vocabulary_size": 400, "ssd_vocabulary_size": 0,
+         "ssd_data_path": None, "rows_on": "device"},
+        {"device_vocabulary_size": 200, "host_vocabulary_size": 20, "ssd_vocabulary_size": 30,
+         "ssd_data_path": ["/ssd0", "/ssd1"], "rows_on": None}]

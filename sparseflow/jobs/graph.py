@@ -152,9 +152,14 @@ def _create_table(entry, seed: int):
     params = dict(entry.initializer.params)
     if entry.initializer.name in _SEEDED:
         params["seed"] = seed
-    kwargs = {"admission_counter": entry.admission_counter}
+    kwargs = {"admission_counter": entry.admission_counter,
+              "rows_on": None if entry.rows_on == "auto" else entry.rows_on}  # None: the rule
+    ssd_data_path = None if entry.ssd_data_path is None else list(entry.ssd_data_path)
     return sf.create_table(tf.int64, tf.TensorShape([entry.dim]), entry.name, init_cls(**params),
-                           device_vocabulary_size=entry.vocabulary_size, **kwargs)
+                           device_vocabulary_size=entry.vocabulary_size,
+                           host_vocabulary_size=entry.host_vocabulary_size,
+                           ssd_vocabulary_size=entry.ssd_vocabulary_size,
+                           ssd_data_path=ssd_data_path, **kwargs)
 
 
 def _feature_specs(cfg: JobConfig, *, with_timestamp: bool) -> list:

@@ -114,6 +114,10 @@ class TableEntry:
     access_threshold: int = -1
     eviction_threshold: int = -1
     admission_counter: str = "exact"
+    rows_on: str = "auto"                       # host | device | auto (the placement rule)
+    host_vocabulary_size: int = 0               # rows in the host tier behind the device tier
+    ssd_vocabulary_size: int = 0                # rows in the disk tier behind the host tier
+    ssd_data_path: tuple[str, ...] | None = None  # the disk tier's directories; None: the cwd
 
 
 @dataclass(frozen=True)
@@ -249,7 +253,9 @@ MAX_DIM = 8192
 MAX_VOCABULARY_SIZE = 10**9
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.]{1,100}")
 _TABLE_KEYS = ("dim", "vocabulary_size", "initializer", "access_threshold",
-               "eviction_threshold", "admission_counter")
+               "eviction_threshold", "admission_counter", "rows_on", "host_vocabulary_size",
+               "ssd_vocabulary_size", "ssd_data_path")
+ROWS_ON = ("host", "device", "auto")  # auto: create_table's placement rule (rows_on=None)
 INITIALIZERS = {  # name -> default keyword arguments of the TF initializer
     "truncated_normal": {"mean": 0.0, "stddev": 0.05},
     "random_normal": {"mean": 0.0, "stddev": 0.05},
@@ -433,10 +439,34 @@ def _tables(n: Node, columns: ColumnsConfig) -> tuple[dict[str, TableEntry], dic
             k["eviction_threshold"].fail("needs a timestamp column: set columns.timestamp "
                                          "(its values drive the eviction clock)")
         counter = choice(k["admission_counter"], ("exact", "sketch"), "exact")
+        rows_on, host, ssd, ssd_path = _tiers(k, name)
         tables[name] = TableEntry(name, dim, vocabulary_size, initializer, access, eviction,
-                                  counter)
+                                  counter, rows_on, host, ssd, ssd_path)
         nodes[name] = (t, k)
     return tables, nodes
+
+
+def _tiers(k: dict[str, Node], name: str) -> tuple[str, int, int, tuple[str, ...] | None]:
+    """A table's placement and tiers: rows_on, host_vocabulary_size, ssd_vocabulary_size and
+    ssd_data_path (None: not given, create_table's default, the current directory)."""
+    rows_on = choice(k["rows_on"], ROWS_ON, "auto")
+    host = integer(k["host_vocabulary_size"], 0, MAX_VOCABULARY_SIZE, 0)
+    ssd = integer(k["ssd_vocabulary_size"], 0, MAX_VOCABULARY_SIZE, 0)
+    if ssd > 0 and host == 0:
+        k["ssd_vocabulary_size"].fail("needs host_vocabulary_size > 0 (the disk tier sits "
+                                      f"behind the host tier), got {ssd}")
+    if ssd > 0 and rows_on == "device":
+        k["ssd_vocabulary_size"].fail("needs host rows, rows_on host or auto (the disk tier "
+                                      "sits behind host rows), got rows_on device")
+    p = k["ssd_data_path"]
+    path = strings(p, min_items=1) if p.present and p.value is not None else None
+    if ssd == 0 and path is not None:
+        if p.path[:2] == ("tables", "defaults"):  # a shared default: for tables with a disk tier
+            path = None
+        else:
+            p.fail("only with ssd_vocabulary_size > 0 (the disk tier's directories); table "
+                   f'"{name}" has no disk tier')
+    return rows_on, host, ssd, path
 
 
 def _initializer(n: Node) -> InitializerConfig:
@@ -615,7 +645,13 @@ def _to_dict(cfg: JobConfig) -> dict:
                                             **copy.deepcopy(t.initializer.params)},
                             "access_threshold": t.access_threshold,
                             "eviction_threshold": t.eviction_threshold,
-                            "admission_counter": t.admission_counter} for t in cfg.tables},
+                            "admission_counter": t.admission_counter,
+                            "rows_on": t.rows_on,
+                            "host_vocabulary_size": t.host_vocabulary_size,
+                            "ssd_vocabulary_size": t.ssd_vocabulary_size,
+                            **({} if t.ssd_data_path is None
+                               else {"ssd_data_path": list(t.ssd_data_path)})}
+                   for t in cfg.tables},
         "features": {f.name: {"table": f.table, "index_key": f.index_key,
                               "faae_coefficient": f.faae_coefficient, "combiner": f.combiner}
                      for f in cfg.features},
