@@ -30,6 +30,7 @@ _EXPORTS = {
     "get_asc_insert_func": "sparseflow.pipeline.insert_func",
     "SendCountOverflowError": "sparseflow.pipeline.key_processor",
     "TableFullError": "sparseflow.pipeline.key_processor",
+    "CacheFullError": "sparseflow.pipeline.tier_cache",
     "get_dense_and_sparse_variable": "sparseflow.pipeline.manager",
     "start_asc_pipeline": "sparseflow.pipeline.manager",
     "EvictHook": "sparseflow.pipeline.eviction",

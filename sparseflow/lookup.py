@@ -279,11 +279,14 @@ def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
     one's included) run, then the gather reads the batch's slots, then the batch is released
     (its slots stay pinned until its update has run)."""
     tiers = table.tiers
-    # The swaps wait for the batch (its rows placed, their swaps queued): through its seq.
+    # The swaps wait for the batch (its rows placed, their swaps queued): through its seq,
+    # by an identity made now, so that a modify-graph rewire of the seq placeholder reaches
+    # swaps built later (once the slot layout is fixed).
     # Exclusive: the swaps of two lookups of the table in one run must not interleave (one's
     # swap in of a row would read its home before the other's write-back of it).
+    after = tf.identity(seq)
     gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
-        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=seq)))
+        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
     with tf.control_dependencies([gate]):
         gathered = device_rows.gather(rows)
 

@@ -191,7 +191,9 @@ class SparseTable:
         rows allocated so far; those added by later growth are committed as they are used).
 
         A device table (``rows_on="device"``) has no host rows: its variables are allocated
-        whole when they are initialised, and this does nothing.
+        whole when they are initialised, and this does nothing, unless it has a host tier:
+        then the host homes of its rows are committed. A host table with a disk tier commits
+        its host slots.
 
         Raises:
           RuntimeError: called before ``start_asc_pipeline()`` (the optimizer slots, hence the
@@ -200,15 +202,18 @@ class SparseTable:
         if not _config.runtime("reserve_memory").pipeline_started:
             raise RuntimeError(f"Table `{self.table_name}`: call reserve_memory() after "
                                f"start_asc_pipeline(), once the row layout is fixed.")
-        if self.rows_on == "device":
+        if self.rows_on == "device" and self.tiers is None:
             return
         with self.processor.lock:  # no row may be handed out while we write the unused ones
-            if self.tiers is not None:  # host slots: the free ones (the rest hold rows)
+            if self.rows_on == "device":  # the host homes, as host rows
+                with self.tiers.cache.lock:
+                    self.tiers.homes.commit_memory(self.processor.rows_ever_used)
+            elif self.tiers is not None:  # host slots: the free ones (the rest hold rows)
                 with self.tiers.cache.lock:
                     storage = self.rows.allocate()
                     storage[self.tiers.cache.row_in < 0] = 0.0
-                return
-            self.rows.commit_memory(self.processor.rows_ever_used)
+            else:
+                self.rows.commit_memory(self.processor.rows_ever_used)
 
     def export(self, sess=None) -> tuple[np.ndarray, np.ndarray]:
         """Every admitted key and its embedding.

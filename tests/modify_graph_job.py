@@ -21,13 +21,21 @@ def _model(eu, ei, label):
 
 
 def tables(rows_on="host"):
-    """The user table (dim 8, 500 rows) and the item table (dim 4, 200 rows)."""
+    """The user table (dim 8, 500 rows) and the item table (dim 4, 200 rows), with rows on
+    "host", "device", or "device_over_host" (40% of the rows in device slots over host
+    homes)."""
+    def placement(rows):
+        if rows_on == "device_over_host":
+            return dict(device_vocabulary_size=rows * 2 // 5,
+                        host_vocabulary_size=rows - rows * 2 // 5, rows_on="device")
+        return dict(device_vocabulary_size=rows, rows_on=rows_on)
+
     tu = sf.create_table(tf.int64, 8, "u",
                          tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=1),
-                         device_vocabulary_size=500, rows_on=rows_on)
+                         **placement(500))
     ti = sf.create_table(tf.int64, 4, "i",
                          tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=2),
-                         device_vocabulary_size=200, rows_on=rows_on)
+                         **placement(200))
     return tu, ti
 
 

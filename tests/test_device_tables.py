@@ -32,11 +32,12 @@ OPTIMIZERS = {
 }
 
 
-def _placement(kind, capacity, tmp_path=None):
+def _placement(kind, capacity, tmp_path=None, fast=None):
     """create_table arguments for ``capacity`` rows placed as ``kind``: "host", "device", or
-    a tiered table with a fast tier of ~40% of the rows: "device_over_host" (device slots
-    over host homes) or "host_over_disk" (host slots over disk homes in ``tmp_path``)."""
-    fast = max(1, capacity * 2 // 5)
+    a tiered table with a fast tier of ``fast`` rows (default ~40%): "device_over_host"
+    (device slots over host homes) or "host_over_disk" (host slots over disk homes in
+    ``tmp_path``)."""
+    fast = fast or max(1, capacity * 2 // 5)
     if kind in ("host", "device"):
         return dict(device_vocabulary_size=capacity, rows_on=kind)
     if kind == "device_over_host":
@@ -248,14 +249,16 @@ def test_incremental_checkpoints_of_a_device_table(graph, tmp_path):
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
-def test_a_monitored_session_saves_and_restores_device_tables(tmp_path):
+@pytest.mark.parametrize("kind", ["device", "device_over_host"])
+def test_a_monitored_session_saves_and_restores_device_tables(kind, tmp_path):
     # MonitoredTrainingSession finalizes the graph and, when restoring, runs no initializer:
-    # the device variables are read and written by ops built in start_asc_pipeline().
+    # the device variables are read and written (and a tiered table's swaps built) by ops
+    # built in start_asc_pipeline().
     def build():
         sf.init()
         specs = [sf.FeatureSpec("f", table_name="t", access_threshold=0)]
         table = sf.create_table(tf.int64, 2, "t", tf.compat.v1.random_uniform_initializer(seed=4),
-                                device_vocabulary_size=100, rows_on="device")
+                                **_placement(kind, 60))
         ds = tf.data.Dataset.from_tensor_slices({"f": np.arange(40).reshape(40, 1)}).batch(2)
         batch = tf.compat.v1.data.make_one_shot_iterator(
             ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))).get_next()
@@ -476,18 +479,20 @@ def test_an_optimizer_without_a_device_update_names_the_device_table(sf_init):
         optimizer.apply_gradients([(grad, table)])
 
 
-def test_modify_graph_lookups_of_device_tables_train_as_host_feature_spec_mode():
+@pytest.mark.parametrize("rows_on", ["device", "device_over_host"])
+def test_modify_graph_lookups_of_device_tables_train_as_host_feature_spec_mode(rows_on):
     host_losses, host_table = modify_graph_training("spec", rows_on="host")
-    losses, table = modify_graph_training("modify", rows_on="device")
+    losses, table = modify_graph_training("modify", rows_on=rows_on)
     np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
     np.testing.assert_array_equal(table[0], host_table[0])
     np.testing.assert_allclose(table[1], host_table[1], rtol=1e-5, atol=1e-6)
 
 
-def test_one_device_table_read_by_three_batches_in_one_run():
+def test_one_device_table_read_by_three_batches_in_one_run(tmp_path):
     """Two training iterators and an evaluation iterator over one table, fetched by the same
     run: the gradient holds rows of two batches (summed per row before the update), and three
-    lookups pop the table's pending rows in one run (in its critical section)."""
+    lookups pop the table's pending rows in one run (in its critical section) — or, in a
+    tiered table whose fast tier is too small to keep every key, run their swaps."""
     rng = np.random.default_rng(6)
     data = [{"f": rng.integers(0, 50, (64, 2))}, {"f": rng.integers(0, 50, (64, 3))},
             {"f": rng.integers(0, 60, (64, 2))}]
@@ -497,7 +502,7 @@ def test_one_device_table_read_by_three_batches_in_one_run():
             sf.init()
             table = sf.create_table(tf.int64, 4, "t",
                                     tf.compat.v1.random_normal_initializer(seed=6),
-                                    **_placement(kind, 200))
+                                    **_placement(kind, 200, tmp_path, fast=40))
             specs = [sf.FeatureSpec("f", table_name="t") for _ in data]
             its = [make_batch_iterator(d, 8, [s], is_training=i < 2, read_ahead=False)
                    for i, (d, s) in enumerate(zip(data, specs))]
@@ -512,11 +517,13 @@ def test_one_device_table_read_by_three_batches_in_one_run():
                          + [it.initializer for it in its])
                 losses = [sess.run([loss, embs[2], train])[0] for _ in range(8)]
                 exported = table.export()
+                if table.tiers is not None:  # the fast tier was too small: rows moved out
+                    assert table.stats()["rows_swapped_out"] > 20
             sf.terminate_config_initializer()
         return np.array(losses), exported
 
     host_losses, host_table = run("host")
-    for kind in ("device", "device_over_host"):
+    for kind in ("device", "device_over_host", "host_over_disk"):
         losses, device_table = run(kind)
         np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
         np.testing.assert_array_equal(device_table[0], host_table[0])

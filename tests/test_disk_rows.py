@@ -14,19 +14,20 @@ def test_rows_round_trip_through_the_file(tmp_path):
     values = np.arange(18, dtype=np.float32).reshape(3, 6)
     store.write(rows, values)
     store.flush()
-    on_disk = np.fromfile(tmp_path / "t.sparseflow-rows", np.float32).reshape(10, 6)
+    assert store.path == str(tmp_path / f"t-{os.getpid()}.sparseflow-rows")
+    on_disk = np.fromfile(store.path, np.float32).reshape(10, 6)
     np.testing.assert_array_equal(on_disk[rows], values)
     np.testing.assert_array_equal(on_disk[[1, 2, 4, 5, 6, 8, 9]], 0)  # never written
     np.testing.assert_array_equal(store.read(rows[::-1]), values[::-1])
     store.close()
-    assert not os.path.exists(tmp_path / "t.sparseflow-rows")
+    assert not os.path.exists(store.path)
 
 
 def test_the_next_directory_is_used_when_one_cannot_hold_the_file(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where a directory should be")
     store = DiskRows("t", 4, 2, [str(blocked), str(tmp_path / "ok")])
-    assert store.path == str(tmp_path / "ok" / "t.sparseflow-rows")
+    assert os.path.dirname(store.path) == str(tmp_path / "ok")
     with pytest.raises(OSError, match="ssd_data_path"):
         DiskRows("u", 4, 2, [str(blocked)])
 

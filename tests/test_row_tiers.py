@@ -224,3 +224,32 @@ def test_a_row_handed_to_a_new_key_is_not_overwritten_by_its_old_contents(tmp_pa
     tiers.swap_host(fast)
     np.testing.assert_array_equal(fast[row0_slot], initial(555))
     tiers.close()
+
+
+@pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
+def test_reserve_memory_of_a_tiered_table_keeps_the_rows(kind, tmp_path):
+    """reserve_memory() commits a tiered table's homes (device over host) or free host slots
+    (host over disk) and leaves trained rows as they are."""
+    data = _data(seed=2, steps=6)
+    with tf.Graph().as_default():
+        sf.init()
+        spec = sf.FeatureSpec("f1", table_name="t1")
+        table = sf.create_table(tf.int64, 4, "t1", tf.compat.v1.random_normal_initializer(seed=1),
+                                **_tiers(kind, tmp_path)["t1"])
+        it = make_batch_iterator({"f1": data["f1"]}, B, [spec], read_ahead=False)
+        emb = sf.sparse_lookup(table, spec, batch=it.get_next())
+        train = adagrad.create_hash_optimizer(0.1).apply_gradients(
+            [(tf.gradients(tf.reduce_sum(emb * emb), table)[0], table)])
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            for _ in range(3):
+                sess.run(train)
+            before = table.export(sess)
+            table.reserve_memory()
+            after = table.export(sess)
+            sess.run(train)   # still trains
+        sf.terminate_config_initializer()
+    assert before[0].shape[0] > 50
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])

@@ -205,10 +205,13 @@ def apply(table, state: TableState, source: str, sess=None) -> None:
         if m:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
         if table.tiers is not None:
-            # Every row home, the fast tier emptied; a device table's step counter set.
+            # Every row home, the fast tier emptied; a device table's variables initialised
+            # (a MonitoredSession restoring runs no initializer) and its step counter set.
             table.tiers.load(state.values)
-            if session is not None and host.optimizer is not None:
-                host.prepared().write_step(session, state.optimizer_steps)
+            if session is not None:
+                host.prepared().reset(session)
+                if host.optimizer is not None:
+                    host.prepared().write_step(session, state.optimizer_steps)
         elif session is not None:
             # Every variable reset (rows beyond n included), then rows 0..n-1 written; a table
             # without optimizer slots (an inference graph) takes the weights only.

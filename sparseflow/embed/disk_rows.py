@@ -23,7 +23,8 @@ class DiskRows:
     """A memory-mapped store of ``capacity`` rows of ``width`` float32.
 
     Args:
-      name: the table's name; the file is ``<dir>/<name>.sparseflow-rows``.
+      name: the table's name; the file is ``<dir>/<name>-<pid>.sparseflow-rows`` (the
+        process id: two jobs sharing a directory never write each other's file).
       capacity: rows (the table's capacity: one home per logical row), >= 1.
       width: floats per row (``dim * (1 + optimizer slots)``), >= 1.
       data_paths: directories to try in order; the first one that exists (or can be created)
@@ -56,7 +57,7 @@ class DiskRows:
                 if free < need:
                     reasons.append(f"{directory}: {free:,} bytes free, {need:,} needed")
                     continue
-                self.path = os.path.join(directory, name + _FILE_SUFFIX)
+                self.path = os.path.join(directory, f"{name}-{os.getpid()}{_FILE_SUFFIX}")
                 self.rows = np.memmap(self.path, np.float32, "w+",
                                       shape=(self.capacity, self.width))
                 break

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import threading
+
 import numpy as np
 
 from sparseflow.embed.initializers import InitSpec, init_rows
@@ -55,6 +57,11 @@ class RowTiers:
         self.cache = TierCache(name, slots, rows, policy=policy, size_hint=size_hint)
         self._make_homes = make_homes
         self._homes = None
+        # One swap at a time: two gathers of the table in one session run (different batches)
+        # run in parallel, and one's swap in of a row must not read its home before the
+        # other's write-back of it. Device swaps are serialized by the table's critical
+        # section instead (their steps are separate ops). Lock order: this, then the cache's.
+        self._swap_lock = threading.Lock()
         self.slot_values: tuple[float, ...] = ()
 
     @property
@@ -122,14 +129,15 @@ class RowTiers:
     def swap(self, read_slots: Callable, write_slots: Callable) -> None:
         """Executes every queued plan with the fast tier's ``read_slots(slots) -> values``
         and ``write_slots(slots, values)``."""
-        out_slots, out_rows, out_gens, in_slots, in_rows = self.take()
-        if out_slots.shape[0] == 0 and in_slots.shape[0] == 0:
-            return
-        out_values = read_slots(out_slots) if out_slots.shape[0] else \
-            np.zeros((0, self.width), np.float32)
-        in_values = self.write_back_and_read(out_rows, out_gens, out_values, in_rows)
-        if in_slots.shape[0]:
-            write_slots(in_slots, in_values)
+        with self._swap_lock:
+            out_slots, out_rows, out_gens, in_slots, in_rows = self.take()
+            if out_slots.shape[0] == 0 and in_slots.shape[0] == 0:
+                return
+            out_values = read_slots(out_slots) if out_slots.shape[0] else \
+                np.zeros((0, self.width), np.float32)
+            in_values = self.write_back_and_read(out_rows, out_gens, out_values, in_rows)
+            if in_slots.shape[0]:
+                write_slots(in_slots, in_values)
 
     def swap_host(self, storage: np.ndarray) -> None:
         """:meth:`swap` for host slots: ``storage`` is their ``[slots, width]`` array."""

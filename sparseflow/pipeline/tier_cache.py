@@ -83,6 +83,7 @@ class TierCache:
         self._pinned: dict[int, np.ndarray] = {}             # seq -> slots it pinned
         self._released: list[int] = []                       # gathered, not yet settled
         self._clock = 0
+        self._n_free = self.slots
         self._plans: deque[SwapPlan] = deque()
         self.lock = threading.Lock()
         self.swapped_in = 0
@@ -111,8 +112,10 @@ class TierCache:
             missing = np.flatnonzero(valid & (slots < 0))
             resident = slots[valid & (slots >= 0)]
             n = missing.shape[0]
-            free = np.flatnonzero(self.row_in < 0)
-            take_free = free[:n]
+            # Scanning for free slots costs O(slots): only while some are free (until the
+            # tier first fills, and after forget / reset).
+            take_free = (np.flatnonzero(self.row_in < 0)[:n] if n and self._n_free
+                         else np.zeros(0, np.int64))
             n_victims = n - take_free.shape[0]
             victims = np.zeros(0, np.int32)
             if n_victims:
@@ -131,6 +134,7 @@ class TierCache:
             out_rows = self.row_in[victims].copy()
             self.slot_of[out_rows] = -1
             new_slots = np.concatenate([take_free.astype(np.int32), victims])
+            self._n_free -= take_free.shape[0]
             in_rows = rows[missing]
             self.slot_of[in_rows] = new_slots
             self.row_in[new_slots] = in_rows
@@ -206,6 +210,7 @@ class TierCache:
         slots = slots[slots >= 0]
         self.slot_of[rows] = -1
         self.row_in[slots] = -1
+        self._n_free += slots.shape[0]
         self.gen[rows] += 1
         if self.uses is not None:
             self.uses[rows] = 0
@@ -217,6 +222,7 @@ class TierCache:
         with self.lock:
             self.slot_of[:] = -1
             self.row_in[:] = -1
+            self._n_free = self.slots
             self.pins[:] = 0
             self.gen += 1
             if self.uses is not None:
