@@ -4,8 +4,7 @@ One Criteo-sized feature (C3: 10,131,227 ids, Zipf) in batches of 4096 keys, 2 b
 flight. For device tiers of 100% down to 5% of the distinct keys the stream touches,
 ``TierCache.place`` maps each batch's unique rows to slots (LRU over the slots no batch in
 flight needs). Reported: hit rate (rows already on the device), rows moved per batch, and
-placement throughput. What this does NOT measure yet: training steps with a tiered table
-(the cache is not wired into the step), so no samples/s against all-on-device.
+placement throughput. Training throughput with tiered tables is bench_tiers.py's.
 
     .venv/bin/python benchmarks/bench_device_cache.py [--batches 300] [--write]
 """
@@ -83,8 +82,8 @@ def main() -> None:
         f"distinct keys (never below the unique keys of the batches in flight). The first "
         f"touch of every key is a miss, so even 100% has a hit rate below 1.", "",
         *lines, "",
-        "Not measured yet: training throughput with a tiered table against all rows on the "
-        "device (the cache is not yet wired into the training step).", ""])
+        "Training throughput with tiered tables: see \"Tiered tables: training throughput "
+        "as the fast tier shrinks\".", ""])
     if args.write:
         replace_section(text)
         print("updated BENCHMARKS.md")
