@@ -34,7 +34,18 @@ class SparseOptimizer:
     slot_names: tuple[str, ...] = ()
     by_address = False   # the by-address optimizers (dynamic expansion only) set True
 
-    def __init__(self, hparams: dict):
+    def __init__(self, hparams: dict, *, runtime: bool = True):
+        """Args:
+          hparams: validated hyper-parameters, with ``name``.
+          runtime: register with the ``sparseflow.init`` runtime (the Rec SDK API); False
+            for a standalone optimizer (the TF2 API, ``sparseflow.tf2``), which needs none.
+        """
+        self.hparams = dict(hparams)
+        self.name = self.hparams.pop("name")
+        self._steps: dict[str, int] = {}
+        self._lock = threading.Lock()
+        if not runtime:
+            return
         rt = _config.runtime(type(self).__name__)
         if rt.config.use_dynamic_expansion and not self.by_address:
             raise ValueError(
@@ -46,10 +57,6 @@ class SparseOptimizer:
                 "The dynamic expansion mode is not compatible with the optimizer "
                 f"{type(self).__name__}: by-address optimizers need "
                 "init(use_dynamic_expansion=True); without it use create_hash_optimizer.")
-        self.hparams = dict(hparams)
-        self.name = self.hparams.pop("name")
-        self._steps: dict[str, int] = {}
-        self._lock = threading.Lock()
         rt.optimizers.append(self)
 
     @property

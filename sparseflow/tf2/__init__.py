@@ -1,0 +1,13 @@
+"""The TF2 API: sparse embedding tables for eager code and ``tf.function`` training loops,
+in the shape of ``tf.tpu.experimental.embedding`` (``TableConfig``, ``FeatureConfig``, an
+``Embedding`` with ``enqueue`` / ``dequeue`` / ``apply_gradients``, and its optimizers).
+
+It needs no ``sparseflow.init()``: an :class:`Embedding` owns its tables. See
+``docs/tf2-and-keras.md``.
+"""
+
+from sparseflow.tf2.config import FeatureConfig, TableConfig
+from sparseflow.tf2.embedding import Embedding
+from sparseflow.tf2.optimizers import FTRL, SGD, Adagrad, Adam
+
+__all__ = ["Adagrad", "Adam", "Embedding", "FTRL", "FeatureConfig", "SGD", "TableConfig"]
