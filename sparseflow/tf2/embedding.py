@@ -277,6 +277,13 @@ class Embedding(tf.Module):
         if self._enqueued is None:
             raise RuntimeError("Embedding.dequeue() needs a batch: call enqueue() first.")
         batch, training = self._enqueued
+        activations = self.activations(batch, training)
+        self._dequeued = (batch, training)
+        return tf.nest.pack_sequence_as(self._feature_config, activations)
+
+    def activations(self, batch: dict, training: bool) -> list:
+        """The activations of a processed batch, flat in feature order (what
+        :meth:`dequeue` returns, unstructured): one numpy gather, then TF combiners."""
         tables, features = self._tables, self._features
         n_tables = len(tables)
 
@@ -302,12 +309,8 @@ class Embedding(tf.Module):
                                   stateful=True, name="sparseflow_tf2_gather")
         if not isinstance(flats, (list, tuple)):   # one output comes back bare
             flats = [flats]
-        activations = []
-        for f, flat in zip(features, flats):
-            flat = tf.ensure_shape(flat, [None, f.dim])
-            activations.append(self._combine(f, flat, batch))
-        self._dequeued = (batch, training)
-        return tf.nest.pack_sequence_as(self._feature_config, activations)
+        return [self._combine(f, tf.ensure_shape(flat, [None, f.dim]), batch)
+                for f, flat in zip(features, flats)]
 
     def _scale(self, feature: _Feature, batch) -> tf.Tensor | None:
         """Per id, the factor its embedding enters its example's activation with (None: 1)."""
@@ -355,10 +358,15 @@ class Embedding(tf.Module):
             if t.rows.optimizer is None:
                 fail("optimizer", f"an optimizer for table `{t.table_name}` (on its "
                      f"TableConfig or the Embedding)", None)
-        grads = self._flatten(gradients)
+        self.update(batch, self._flatten(gradients))
+
+    def update(self, batch: dict, gradients: list) -> tf.Tensor:
+        """Applies ``gradients`` (flat in feature order, None allowed) of a processed
+        training batch's activations (what :meth:`apply_gradients` does, unstructured).
+        Returns the update's output (int64), for control dependencies."""
         tables, features = self._tables, self._features
         per_id = []
-        for f, grad in zip(features, grads):
+        for f, grad in zip(features, gradients):
             segments = batch[f"segments/{f.name}"]
             if grad is None:
                 per_id.append(tf.zeros([tf.shape(segments)[0], f.dim]))
@@ -389,8 +397,8 @@ class Embedding(tf.Module):
 
         inputs = ([batch[f"rows/{t.table_name}"] for t in tables]
                   + [batch[f"restore/{f.name}"] for f in features] + per_id)
-        tf.numpy_function(update, inputs, tf.int64, stateful=True,
-                          name="sparseflow_tf2_update")
+        return tf.numpy_function(update, inputs, tf.int64, stateful=True,
+                                 name="sparseflow_tf2_update")
 
     # -- checkpoints (tf.train.Checkpoint) -----------------------------------------------
 

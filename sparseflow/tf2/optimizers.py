@@ -22,8 +22,14 @@ class _Optimizer:
 
     _kernel: type[SparseOptimizer]
 
-    def __init__(self, hparams: dict):
+    def __init__(self, hparams: dict, args: dict):
         self.hparams = hparams
+        self._args = args   # the constructor's arguments, for get_config()
+
+    def get_config(self) -> dict:
+        """``{"class_name", "config"}``: what :func:`optimizer_from_config` rebuilds it from
+        (a Keras layer's saved config)."""
+        return {"class_name": type(self).__name__, "config": dict(self._args)}
 
     def build(self) -> SparseOptimizer:
         """A lazy sparse optimizer with these hyper-parameters (one per Embedding, which
@@ -49,7 +55,8 @@ class SGD(_Optimizer):
     _kernel = _SgdKernel
 
     def __init__(self, learning_rate: float = 0.01, weight_decay: float | None = None):
-        super().__init__(sgd_hparams(learning_rate, weight_decay, name="SGD"))
+        super().__init__(sgd_hparams(learning_rate, weight_decay, name="SGD"),
+                         dict(learning_rate=learning_rate, weight_decay=weight_decay))
 
 
 class Adagrad(_Optimizer):
@@ -67,7 +74,9 @@ class Adagrad(_Optimizer):
 
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1):
         super().__init__(adagrad_hparams(learning_rate, initial_accumulator_value,
-                                         name="Adagrad"))
+                                         name="Adagrad"),
+                         dict(learning_rate=learning_rate,
+                              initial_accumulator_value=initial_accumulator_value))
 
 
 class Adam(_Optimizer):
@@ -92,7 +101,9 @@ class Adam(_Optimizer):
         if not lazy_adam:
             fail("lazy_adam", "True (sparse tables update only the rows a batch touched)",
                  lazy_adam)
-        super().__init__(lazy_adam_hparams(learning_rate, beta_1, beta_2, epsilon, name="Adam"))
+        super().__init__(lazy_adam_hparams(learning_rate, beta_1, beta_2, epsilon, name="Adam"),
+                         dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                              epsilon=epsilon))
 
 
 class FTRL(_Optimizer):
@@ -118,7 +129,24 @@ class FTRL(_Optimizer):
             learning_rate, learning_rate_power=learning_rate_power,
             initial_accumulator_value=initial_accumulator_value,
             l1_regularization_strength=l1_regularization_strength,
-            l2_regularization_strength=l2_regularization_strength, name="FTRL"))
+            l2_regularization_strength=l2_regularization_strength, name="FTRL"),
+            dict(learning_rate=learning_rate, learning_rate_power=learning_rate_power,
+                 l1_regularization_strength=l1_regularization_strength,
+                 l2_regularization_strength=l2_regularization_strength,
+                 initial_accumulator_value=initial_accumulator_value))
 
 
 OPTIMIZERS = (SGD, Adagrad, Adam, FTRL)
+
+
+def optimizer_from_config(config: dict):
+    """The optimizer :meth:`_Optimizer.get_config` described.
+
+    Raises:
+      ValueError: an unknown ``class_name``.
+    """
+    by_name = {cls.__name__: cls for cls in OPTIMIZERS}
+    name = config.get("class_name") if isinstance(config, dict) else None
+    if name not in by_name:
+        fail("config", f"an optimizer config with class_name one of {sorted(by_name)}", config)
+    return by_name[name](**config.get("config", {}))

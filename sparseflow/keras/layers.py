@@ -1,0 +1,162 @@
+"""``SparseEmbedding``: a Keras 3 layer over one sparseflow table.
+
+The layer takes raw int ids (any int64 value: the table hashes them) and returns their
+embeddings, combined per example or per sequence position as ``sparseflow.tf2`` does. It
+trains under ``model.fit`` with its own lazy sparse optimizer (``sparseflow.tf2.Adam`` ...):
+the update of the rows a batch touched runs inside the backward pass (a custom gradient whose
+gradient function applies it), so Keras' optimizer only ever sees one scalar "anchor"
+variable, whose gradient is zero. ``model.save`` / ``load_model`` and
+``save_weights`` / ``load_weights`` keep the table by key (``save_own_variables``).
+
+Key processing happens in the layer, per call: training calls count, admit and assign rows;
+``predict`` / ``evaluate`` only read (unknown keys give zeros).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from sparseflow.checkpoint import table_state
+from sparseflow.tf2.config import FeatureConfig, TableConfig
+from sparseflow.tf2.embedding import Embedding
+from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
+from sparseflow.validation import fail
+
+_STATE_KEYS = ("keys", "counts", "last_seen", "values", "counted_keys", "counted_counts",
+               "clock", "optimizer_steps")
+
+
+@keras.saving.register_keras_serializable(package="sparseflow")
+class SparseEmbedding(keras.layers.Layer):
+    """Embeddings of raw int ids from a sparseflow hash table.
+
+    Args:
+      vocabulary_size: rows of the table, in [1, 1e9].
+      dim: embedding width, in [1, 8192].
+      initializer: a Keras initializer (object or name); default truncated normal with
+        stddev ``1/sqrt(dim)``. New rows draw from it per key, deterministically.
+      optimizer: the table's sparse optimizer (``sparseflow.tf2.SGD``, ``Adagrad``,
+        ``Adam``, ``FTRL``); default ``Adam(0.001)``.
+      combiner: "sum", "mean" or "sqrtn": how the ids of one example are combined.
+      max_sequence_length: 0 to combine; > 0 for one embedding per position
+        (``[batch, max_sequence_length, dim]``).
+      access_threshold, eviction_threshold: as ``sparseflow.tf2.TableConfig``.
+      **kwargs: Keras layer arguments (``name`` also names the table).
+
+    Inputs: int ids ``[batch]`` or ``[batch, n]`` (negative ids are padding), or a
+    ``tf.RaggedTensor``. Output: float32 ``[batch, dim]`` (or ``[batch,
+    max_sequence_length, dim]``).
+
+    Raises:
+      TypeError, ValueError: an argument is invalid.
+    """
+
+    def __init__(self, vocabulary_size: int, dim: int, initializer=None, optimizer=None,
+                 combiner: str = "mean", max_sequence_length: int = 0,
+                 access_threshold: int | None = None, eviction_threshold: int | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if optimizer is None:
+            optimizer = Adam(0.001)
+        elif isinstance(optimizer, dict):
+            optimizer = optimizer_from_config(optimizer)
+        if not isinstance(optimizer, OPTIMIZERS):
+            fail("optimizer", "one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL", optimizer,
+                 TypeError)
+        self.initializer = keras.initializers.get(
+            initializer if initializer is not None
+            else keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(max(int(dim), 1))))
+        self.optimizer = optimizer
+        self._args = dict(vocabulary_size=vocabulary_size, dim=dim, combiner=combiner,
+                          max_sequence_length=max_sequence_length,
+                          access_threshold=access_threshold,
+                          eviction_threshold=eviction_threshold)
+        self.table_config = TableConfig(vocabulary_size, dim, self.initializer,
+                                        combiner=combiner, name=self.name,
+                                        access_threshold=access_threshold,
+                                        eviction_threshold=eviction_threshold)
+        self.feature_config = FeatureConfig(self.table_config,
+                                            max_sequence_length=max_sequence_length,
+                                            name="ids")
+        self.embedding = Embedding({"ids": self.feature_config}, optimizer,
+                                   name=f"{self.name}_embedding")
+        self.dim = int(dim)
+        self.max_sequence_length = int(max_sequence_length)
+        # The numpy functions have no XLA kernel: keep model.fit's "auto" jit off.
+        self.supports_jit = False
+        # Keras differentiates the loss w.r.t. this; its (zero) gradient runs the sparse
+        # update. Not a weight of the model in any other sense.
+        self.anchor = self.add_weight(name="sparse_update_anchor", shape=(),
+                                      initializer="zeros", trainable=True)
+
+    @property
+    def table(self):
+        """The live :class:`~sparseflow.table.SparseTable` (``stats()``, ``export()``)."""
+        return self.embedding.tables[self.table_config]
+
+    def call(self, inputs, training=None):
+        batch = self.embedding.preprocess({"ids": inputs}, training=bool(training))
+        if not training:
+            return self._shaped(self.embedding.activations(batch, training=False)[0], inputs)
+        embedding = self.embedding
+
+        @tf.custom_gradient
+        def lookup(anchor):
+            activation = embedding.activations(batch, training=True)[0]
+
+            def grad(dy):
+                applied = embedding.update(batch, [dy])
+                # Zero, computed from the update's output: a control dependency on a
+                # constant zero is dropped by graph optimization, and the update with it.
+                return tf.reshape(tf.cast(applied, tf.float32) * 0.0, tf.shape(anchor))
+
+            return activation, grad
+
+        return self._shaped(lookup(tf.convert_to_tensor(self.anchor)), inputs)
+
+    def _shaped(self, out, inputs):
+        if isinstance(inputs, tf.RaggedTensor) or not hasattr(inputs, "shape"):
+            return out
+        return tf.ensure_shape(out, self.compute_output_shape(tuple(inputs.shape)))
+
+    def compute_output_shape(self, input_shape):
+        batch = tuple(input_shape)[:1]
+        if self.max_sequence_length:
+            return batch + (self.max_sequence_length, self.dim)
+        return batch + (self.dim,)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), **self._args,
+                "initializer": keras.initializers.serialize(self.initializer),
+                "optimizer": self.optimizer.get_config()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["initializer"] = keras.initializers.deserialize(config["initializer"])
+        return cls(**config)
+
+    # -- the table in .keras / .weights.h5 files -------------------------------------------
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)          # the anchor, as "0"
+        state = table_state.capture(self.table)
+        for key in _STATE_KEYS:
+            store[key] = np.asarray(getattr(state, key))
+
+    def load_own_variables(self, store):
+        # Not super(): it expects the store to hold the Keras variables only.
+        self.anchor.assign(np.asarray(store["0"]))
+        table = self.table
+        get = {key: np.asarray(store[key]) for key in _STATE_KEYS}
+        state = table_state.TableState(
+            keys=get["keys"].astype(np.int64), counts=get["counts"].astype(np.int32),
+            last_seen=get["last_seen"].astype(np.int64),
+            values=np.ascontiguousarray(get["values"], np.float32),
+            slot_names=tuple(table.rows.slot_names),
+            counted_keys=get["counted_keys"].astype(np.int64),
+            counted_counts=get["counted_counts"].astype(np.int32),
+            clock=int(get["clock"]), optimizer_steps=int(get["optimizer_steps"]))
+        table_state.apply(table, state, source=f"the saved layer `{self.name}`")
