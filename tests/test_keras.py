@@ -150,3 +150,21 @@ def test_bad_arguments_name_them():
         SparseEmbedding(10, 2, optimizer=keras.optimizers.SGD())
     with pytest.raises(ValueError, match=r"Argument `combiner`"):
         SparseEmbedding(10, 2, combiner="max")
+
+
+def test_sparse_updates_are_lazy():
+    """Adam with momentum: a dense Adam would keep moving rows after their last batch; the
+    layer's lazy Adam leaves rows untouched by a step exactly as they were."""
+    inputs = keras.Input(shape=(2,), dtype="int64")
+    layer = SparseEmbedding(40, 4, optimizer=tf2.Adam(0.1), name="lazy")
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    first = np.arange(20).reshape(10, 2)
+    second = first + 20
+    model.fit(first, np.ones((10, 1)), batch_size=10, epochs=1, verbose=0)
+    keys, after_first = layer.table.export()
+    model.fit(second, np.ones((10, 1)), batch_size=10, epochs=3, verbose=0)
+    keys2, after_second = layer.table.export()
+    assert keys.tolist() == list(range(20)) and keys2.tolist() == list(range(40))
+    np.testing.assert_array_equal(after_second[:20], after_first)   # untouched rows
+    assert layer.table.rows.optimizer.steps("lazy") == 4

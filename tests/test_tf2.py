@@ -85,7 +85,7 @@ def _tf2_losses(data, optimizer, threshold, in_dataset):
     else:
         ds = ds.map(lambda x: ({k: x[k] for k in ("f1", "f2", "f3")}, x["label"]))
 
-    @tf.function
+    @tf.function(reduce_retracing=True)   # batches differ in unique rows: one trace
     def step(features, label):
         embedding.enqueue(features, training=True)
         with tf.GradientTape() as tape:
@@ -259,12 +259,13 @@ def _reference_rows(embedding, config, ids):
 def test_dense_sparse_and_ragged_ids_are_combined_as_plain_tf(combiner):
     table = tf2.TableConfig(50, 3, combiner=combiner, name="t")
     seq_table = tf2.TableConfig(50, 2, name="s")
-    features = {"dense": tf2.FeatureConfig(table), "sparse": tf2.FeatureConfig(table),
+    features = {"dense": tf2.FeatureConfig(table, padding_key=-1),
+                "sparse": tf2.FeatureConfig(table),
                 "ragged": tf2.FeatureConfig(table),
                 "seq": tf2.FeatureConfig(seq_table, max_sequence_length=2),
                 "shaped": tf2.FeatureConfig(table, output_shape=[4, 1])}
     embedding = tf2.Embedding(features, tf2.SGD(0.1))
-    dense = np.array([[1, 2, -1], [3, -1, -1], [4, 4, 5], [-1, -1, -1]])  # -1: padding
+    dense = np.array([[1, 2, -1], [3, -1, -1], [4, 4, 5], [-1, -1, -1]])  # -1: its padding
     ragged = tf.ragged.constant([[7], [8, 9, 10], [], [7, 7]], tf.int64)
     sparse = tf.sparse.from_dense(tf.constant([[11, 0], [0, 12], [13, 14], [0, 0]], tf.int64))
     seq = tf.ragged.constant([[20, 21, 22], [23], [], [24, 25]], tf.int64)
@@ -428,3 +429,18 @@ def test_a_full_table_raises_table_full_error():
     # Eagerly the key processor's own error comes through; inside tf.function an OpError.
     with pytest.raises((sf.TableFullError, tf.errors.OpError), match=r"Table `t` is full"):
         embedding.enqueue({"f": tf.constant([1, 2, 3, 4])})
+
+
+def test_any_int64_is_a_key_unless_it_is_the_padding_key():
+    table = tf2.TableConfig(10, 2, name="t", combiner="sum")
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(table)}, tf2.SGD(0.1))
+    keys = tf.constant([[-5, 2**62], [-1, 7]], tf.int64)
+    embedding.enqueue({"f": keys})
+    out = embedding.dequeue()["f"].numpy()
+    assert sorted(embedding.tables[table].export()[0].tolist()) == [-5, -1, 7, 2**62]
+    np.testing.assert_allclose(out[1], _reference_rows(embedding, table, [-1, 7]).sum(0),
+                               rtol=1e-6)
+    padded = tf2.Embedding({"f": tf2.FeatureConfig(table, padding_key=-1)})
+    padded.enqueue({"f": keys}, training=True)
+    padded.dequeue()
+    assert sorted(padded.tables[table].export()[0].tolist()) == [-5, 7, 2**62]

@@ -43,10 +43,11 @@ class SparseEmbedding(keras.layers.Layer):
       max_sequence_length: 0 to combine; > 0 for one embedding per position
         (``[batch, max_sequence_length, dim]``).
       access_threshold, eviction_threshold: as ``sparseflow.tf2.TableConfig``.
+      padding_key: None (every id is a key: keys are any int64 value) or the int that pads
+        ``[batch, n]`` inputs (e.g. -1), ignored.
       **kwargs: Keras layer arguments (``name`` also names the table).
 
-    Inputs: int ids ``[batch]`` or ``[batch, n]`` (negative ids are padding), or a
-    ``tf.RaggedTensor``. Output: float32 ``[batch, dim]`` (or ``[batch,
+    Inputs: int ids ``[batch]`` or ``[batch, n]``, or a ``tf.RaggedTensor``. Output: float32 ``[batch, dim]`` (or ``[batch,
     max_sequence_length, dim]``).
 
     Raises:
@@ -56,7 +57,7 @@ class SparseEmbedding(keras.layers.Layer):
     def __init__(self, vocabulary_size: int, dim: int, initializer=None, optimizer=None,
                  combiner: str = "mean", max_sequence_length: int = 0,
                  access_threshold: int | None = None, eviction_threshold: int | None = None,
-                 **kwargs):
+                 padding_key: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if optimizer is None:
             optimizer = Adam(0.001)
@@ -72,14 +73,14 @@ class SparseEmbedding(keras.layers.Layer):
         self._args = dict(vocabulary_size=vocabulary_size, dim=dim, combiner=combiner,
                           max_sequence_length=max_sequence_length,
                           access_threshold=access_threshold,
-                          eviction_threshold=eviction_threshold)
+                          eviction_threshold=eviction_threshold, padding_key=padding_key)
         self.table_config = TableConfig(vocabulary_size, dim, self.initializer,
                                         combiner=combiner, name=self.name,
                                         access_threshold=access_threshold,
                                         eviction_threshold=eviction_threshold)
         self.feature_config = FeatureConfig(self.table_config,
                                             max_sequence_length=max_sequence_length,
-                                            name="ids")
+                                            name="ids", padding_key=padding_key)
         self.embedding = Embedding({"ids": self.feature_config}, optimizer,
                                    name=f"{self.name}_embedding")
         self.dim = int(dim)

@@ -82,13 +82,16 @@ class FeatureConfig:
         ``[batch, 2]`` for two ids per example with ``combiner`` unused): a list of ints
         whose product is the number of vectors a batch yields.
       name: the feature's name (messages, checkpoints); default its position.
+      padding_key: None (every id of a dense input is a key: keys are any int64 value), or
+        the int that pads dense ``[batch, n]`` inputs to n ids (e.g. -1); ids equal to it
+        are ignored. Sparse and ragged inputs need no padding.
 
     Raises:
       TypeError, ValueError: an argument is invalid.
     """
 
     def __init__(self, table: TableConfig, max_sequence_length: int = 0, output_shape=None,
-                 name: str | None = None):
+                 name: str | None = None, padding_key: int | None = None):
         if not isinstance(table, TableConfig):
             fail("table", "a sparseflow.tf2.TableConfig", table, TypeError)
         self.table = table
@@ -104,6 +107,8 @@ class FeatureConfig:
             output_shape = list(output_shape)
         self.output_shape = output_shape
         self.name = None if name is None else check_str("name", name, 1, 200)
+        self.padding_key = (None if padding_key is None
+                            else check_int("padding_key", padding_key, -(2**63), 2**63 - 1))
 
     def __repr__(self) -> str:
         return (f"FeatureConfig(table={self.table!r}, max_sequence_length="

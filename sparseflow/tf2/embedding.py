@@ -97,6 +97,9 @@ class Embedding(tf.Module):
             self._features.append(_Feature(f, f.name or f"feature_{i}", self._tables[t], t))
         self._by_table = [[k for k, f in enumerate(self._features) if f.table_index == t]
                           for t in range(len(self._tables))]
+        # Features by embedding width: one gather output and one gradient input per width.
+        self._dim_groups = [(dim, [k for k, f in enumerate(self._features) if f.dim == dim])
+                            for dim in sorted({f.dim for f in self._features})]
         self._enqueued = None
         self._dequeued = None
         self._lock = threading.Lock()
@@ -138,6 +141,14 @@ class Embedding(tf.Module):
                                       trainable=False, name=f"{table.table_name}_serving")
         return out
 
+    def reserve_memory(self) -> None:
+        """Commits every table's row memory now rather than page by page as rows are first
+        written (see ``SparseTable.reserve_memory``): steadier step times from the first
+        batch, ``vocabulary_size x dim x (1 + optimizer slots) x 4`` bytes per table."""
+        for table in self._tables:
+            with table.processor.lock:
+                table.rows.commit_memory(table.processor.rows_ever_used)
+
     def evict(self) -> dict:
         """Removes, in every table with an ``eviction_threshold``, the keys unseen for that
         long (by the timestamps given to :meth:`preprocess`). Returns ``{table name:
@@ -152,8 +163,9 @@ class Embedding(tf.Module):
 
         Args:
           features: ids in the structure of ``feature_config``: per feature an int tensor
-            ``[batch]`` or ``[batch, n]`` (dense; negative ids are padding), a
-            ``tf.SparseTensor`` or a ``tf.RaggedTensor`` ``[batch, None]``.
+            ``[batch]`` or ``[batch, n]`` (dense: n ids per example, every one a key unless
+            it equals the feature's ``padding_key``), a ``tf.SparseTensor`` or a
+            ``tf.RaggedTensor`` ``[batch, None]``. Keys are any int64 value.
           training: the training channel (counts keys, admits them, assigns rows) or
             evaluation (reads only: unknown keys look up zeros).
           timestamp: an int64 scalar (seconds) for eviction, or None.
@@ -176,31 +188,46 @@ class Embedding(tf.Module):
             rows_out, seqs, restores = [], [], [None] * n_features
             for t, table in enumerate(self._tables):
                 members = self._by_table[t]
-                keys = [np.asarray(ids[k], np.int64) for k in members]
-                ends = np.cumsum([k.shape[0] for k in keys]).astype(np.int64)
+                keys = [ids[k] for k in members]
+                lengths = np.fromiter((k.shape[0] for k in keys), np.int64, len(keys))
+                ends = np.cumsum(lengths)
                 result = table.processor.process(
-                    np.concatenate(keys) if keys else np.zeros(0, np.int64), ends,
+                    keys[0] if len(keys) == 1 else np.concatenate(keys), ends,
                     np.ones(len(members), np.int32), bool(training), stamp)
                 rows_out.append(result.rows)
-                seqs.append(np.int64(result.seq))
-                starts = ends - [k.shape[0] for k in keys]
-                for k, start, end in zip(members, starts, ends):
+                seqs.append(result.seq)
+                for k, start, end in zip(members, ends - lengths, ends):
                     restores[k] = result.restore[start:end]
-            return rows_out + restores + seqs
+            parts = rows_out + restores
+            sizes = np.fromiter([p.shape[0] for p in parts] + seqs, np.int64,
+                                len(parts) + n_tables)
+            return np.concatenate(parts).astype(np.int32, copy=False), sizes
 
-        outs = tf.numpy_function(process, [ts] + [p[0] for p in parts],
-                                 [tf.int32] * (n_tables + n_features) + [tf.int64] * n_tables,
-                                 stateful=True, name="sparseflow_tf2_keys")
-        out = {_MARK: tf.constant(bool(training))}
-        for t, table in enumerate(self._tables):
-            out[f"rows/{table.table_name}"] = tf.ensure_shape(outs[t], [None])
-            out[f"seq/{table.table_name}"] = tf.ensure_shape(outs[n_tables + n_features + t],
-                                                             [])
-        for k, (f, (_, segments, n_segments)) in enumerate(zip(self._features, parts)):
-            out[f"restore/{f.name}"] = tf.ensure_shape(outs[n_tables + k], [None])
-            out[f"segments/{f.name}"] = segments
-            out[f"n_segments/{f.name}"] = n_segments
+        # One int32 tensor of every table's unique rows then every feature's restore vector,
+        # and their sizes (then each table's batch number): two tensors per batch, whatever
+        # the number of features (a tensor per part made the step's call and the dataset's
+        # elements several times dearer with 26 features).
+        packed, sizes = tf.numpy_function(process, [ts] + [p[0] for p in parts],
+                                          [tf.int32, tf.int64], stateful=True,
+                                          name="sparseflow_tf2_keys")
+        out = {_MARK: tf.constant(bool(training)), "packed": tf.ensure_shape(packed, [None]),
+               "sizes": tf.ensure_shape(sizes, [2 * n_tables + n_features])}
+        for f, (_, segments, n_segments) in zip(self._features, parts):
+            if segments is not None:   # absent: one id per example (static, at trace time)
+                out[f"segments/{f.name}"] = segments
+                out[f"n_segments/{f.name}"] = n_segments
         return out
+
+    def _bounds(self, sizes: np.ndarray):
+        """Start and end of each part of a packed batch (tables' rows, features' restores)."""
+        n = len(self._tables) + len(self._features)
+        ends = np.cumsum(sizes[:n])
+        return ends - sizes[:n], ends
+
+    def _feature_lengths(self, batch, members) -> tf.Tensor:
+        """The ids of each of ``members`` (feature indices) in a packed batch."""
+        n_tables = len(self._tables)
+        return tf.gather(batch["sizes"], [n_tables + k for k in members])
 
     def _flatten(self, features) -> list:
         try:
@@ -211,13 +238,17 @@ class Embedding(tf.Module):
         return tf.nest.flatten(features)
 
     def _ids_and_segments(self, feature: _Feature, x):
-        """(int64 ids [n], int32 segments [n], int32 number of segments): segment = example
-        (pooled) or example * max_sequence_length + position (sequence)."""
+        """(int64 ids [n], int32 segments [n] or None, int32 number of segments): segment =
+        example (pooled) or example * max_sequence_length + position (sequence); None when
+        every example has exactly one id (a dense ``[batch]`` or ``[batch, 1]`` input of a
+        pooled feature without ``padding_key``): the activations are then the embeddings
+        themselves, whatever the combiner."""
         max_len = feature.max_len
+        padding = feature.config.padding_key
         if isinstance(x, tf.SparseTensor):
             ids, indices = x.values, x.indices
-            rows, cols = indices[:, 0], indices[:, -1] if indices.shape[-1] and \
-                indices.shape[-1] > 1 else tf.zeros_like(indices[:, 0])
+            rows = indices[:, 0]
+            cols = indices[:, -1] if x.shape.rank != 1 else tf.zeros_like(rows)
             batch = x.dense_shape[0]
         elif isinstance(x, tf.RaggedTensor):
             ids = x.flat_values
@@ -230,17 +261,22 @@ class Embedding(tf.Module):
             if x.shape.rank == 0:
                 fail(f"features[{feature.name}]", "ids of rank >= 1 ([batch] or [batch, n])",
                      x.shape)
+            if not x.dtype.is_integer:
+                fail(f"features[{feature.name}]", "integer ids", x.dtype.name, TypeError)
             if x.shape.rank == 1:
                 x = tf.expand_dims(x, 1)
             x = tf.reshape(x, [tf.shape(x)[0], -1])
-            width = tf.shape(x, out_type=tf.int64)[1]
             batch = tf.shape(x, out_type=tf.int64)[0]
-            flat = tf.reshape(x, [-1])
-            keep = flat >= 0   # negative ids are padding
-            position = tf.range(tf.size(flat, out_type=tf.int64))
-            ids = tf.boolean_mask(flat, keep)
-            rows = tf.boolean_mask(position // width, keep)
-            cols = tf.boolean_mask(position % width, keep)
+            if not max_len and padding is None and x.shape[1] == 1:
+                return tf.cast(tf.reshape(x, [-1]), tf.int64), None, tf.cast(batch, tf.int32)
+            width = tf.shape(x, out_type=tf.int64)[1]
+            ids = tf.reshape(x, [-1])
+            position = tf.range(tf.size(ids, out_type=tf.int64))
+            rows, cols = position // width, position % width
+            if padding is not None:
+                keep = tf.not_equal(ids, tf.cast(padding, ids.dtype))
+                ids, rows, cols = (tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep),
+                                   tf.boolean_mask(cols, keep))
         if not ids.dtype.is_integer:
             fail(f"features[{feature.name}]", "integer ids", ids.dtype.name, TypeError)
         ids = tf.cast(ids, tf.int64)
@@ -283,38 +319,51 @@ class Embedding(tf.Module):
 
     def activations(self, batch: dict, training: bool) -> list:
         """The activations of a processed batch, flat in feature order (what
-        :meth:`dequeue` returns, unstructured): one numpy gather, then TF combiners."""
-        tables, features = self._tables, self._features
+        :meth:`dequeue` returns, unstructured): one numpy gather for every feature (one
+        output per embedding width), then TF combiners."""
+        tables, features, groups = self._tables, self._features, self._dim_groups
         n_tables = len(tables)
 
         @tf.autograph.experimental.do_not_convert
-        def gather(*arrays):
-            rows, seqs, restores = arrays[:n_tables], arrays[n_tables:2 * n_tables], \
-                arrays[2 * n_tables:]
+        def gather(packed, sizes):
+            starts, ends = self._bounds(sizes)
             outs = []
-            for f, restore in zip(features, restores):
-                t = f.table_index
-                out = np.empty((restore.shape[0], f.dim), np.float32)
-                kk.expand_rows(tables[t].rows.allocate(), rows[t], restore, f.dim, out)
+            for dim, members in groups:
+                out = np.empty((int(sum(sizes[n_tables + k] for k in members)), dim),
+                               np.float32)
+                at = 0
+                for k in members:
+                    t = features[k].table_index
+                    n = int(sizes[n_tables + k])
+                    kk.expand_rows(tables[t].rows.allocate(), packed[starts[t]:ends[t]],
+                                   packed[starts[n_tables + k]:ends[n_tables + k]], dim,
+                                   out[at:at + n])
+                    at += n
                 outs.append(out)
-            for table, seq in zip(tables, seqs):
+            for t, table in enumerate(tables):
                 # Read. With training, evicted rows are freed after the update.
-                table.release_batch(int(seq), drain=not training)
+                table.release_batch(int(sizes[n_tables + len(features) + t]),
+                                    drain=not training)
             return outs
 
-        inputs = ([batch[f"rows/{t.table_name}"] for t in tables]
-                  + [batch[f"seq/{t.table_name}"] for t in tables]
-                  + [batch[f"restore/{f.name}"] for f in features])
-        flats = tf.numpy_function(gather, inputs, [tf.float32] * len(features),
-                                  stateful=True, name="sparseflow_tf2_gather")
-        if not isinstance(flats, (list, tuple)):   # one output comes back bare
-            flats = [flats]
-        return [self._combine(f, tf.ensure_shape(flat, [None, f.dim]), batch)
-                for f, flat in zip(features, flats)]
+        outs = tf.numpy_function(gather, [batch["packed"], batch["sizes"]],
+                                 [tf.float32] * len(groups), stateful=True,
+                                 name="sparseflow_tf2_gather")
+        if not isinstance(outs, (list, tuple)):   # one output comes back bare
+            outs = [outs]
+        flats = [None] * len(features)
+        for (dim, members), out in zip(groups, outs):
+            out = tf.ensure_shape(out, [None, dim])
+            pieces = (tf.split(out, self._feature_lengths(batch, members), num=len(members))
+                      if len(members) > 1 else [out])
+            for k, piece in zip(members, pieces):
+                flats[k] = piece
+        return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
 
     def _scale(self, feature: _Feature, batch) -> tf.Tensor | None:
         """Per id, the factor its embedding enters its example's activation with (None: 1)."""
-        if feature.max_len or feature.combiner == "sum":
+        if (feature.max_len or feature.combiner == "sum"
+                or f"segments/{feature.name}" not in batch):
             return None
         segments = batch[f"segments/{feature.name}"]
         counts = tf.math.unsorted_segment_sum(tf.ones_like(segments, tf.float32), segments,
@@ -323,12 +372,15 @@ class Embedding(tf.Module):
         return 1.0 / (per_id if feature.combiner == "mean" else tf.sqrt(per_id))
 
     def _combine(self, feature: _Feature, flat: tf.Tensor, batch) -> tf.Tensor:
-        segments = batch[f"segments/{feature.name}"]
-        n_segments = batch[f"n_segments/{feature.name}"]
-        scale = self._scale(feature, batch)
-        if scale is not None:
-            flat = flat * tf.expand_dims(scale, 1)
-        out = tf.math.unsorted_segment_sum(flat, segments, n_segments)
+        if f"segments/{feature.name}" not in batch:   # one id per example: nothing to combine
+            out = flat
+        else:
+            segments = batch[f"segments/{feature.name}"]
+            n_segments = batch[f"n_segments/{feature.name}"]
+            scale = self._scale(feature, batch)
+            if scale is not None:
+                flat = flat * tf.expand_dims(scale, 1)
+            out = tf.math.unsorted_segment_sum(flat, segments, n_segments)
         if feature.max_len:
             out = tf.reshape(out, [-1, feature.max_len, feature.dim])
         if feature.config.output_shape is not None:
@@ -362,43 +414,49 @@ class Embedding(tf.Module):
 
     def update(self, batch: dict, gradients: list) -> tf.Tensor:
         """Applies ``gradients`` (flat in feature order, None allowed) of a processed
-        training batch's activations (what :meth:`apply_gradients` does, unstructured).
-        Returns the update's output (int64), for control dependencies."""
+        training batch's activations (what :meth:`apply_gradients` does, unstructured):
+        TF ops give each id its gradient, one numpy function sums them per unique row and
+        runs each table's optimizer. Returns the update's output (int64), for control
+        dependencies."""
         tables, features = self._tables, self._features
+        n_tables = len(tables)
         per_id = []
-        for f, grad in zip(features, gradients):
-            segments = batch[f"segments/{f.name}"]
+        for k, (f, grad) in enumerate(zip(features, gradients)):
             if grad is None:
-                per_id.append(tf.zeros([tf.shape(segments)[0], f.dim]))
+                n = tf.cast(batch["sizes"][n_tables + k], tf.int32)
+                per_id.append(tf.zeros(tf.stack([n, f.dim])))
                 continue
-            grad = tf.reshape(tf.convert_to_tensor(grad, tf.float32), [-1, f.dim])
-            d = tf.gather(grad, segments)
+            grad = tf.convert_to_tensor(grad, tf.float32)
+            if grad.shape.rank != 2 or grad.shape[1] != f.dim:
+                grad = tf.reshape(grad, [-1, f.dim])
+            if f"segments/{f.name}" not in batch:   # one id per example
+                per_id.append(grad)
+                continue
+            d = tf.gather(grad, batch[f"segments/{f.name}"])
             scale = self._scale(f, batch)
             per_id.append(d if scale is None else d * tf.expand_dims(scale, 1))
-        n_tables = len(tables)
-        by_table = self._by_table
 
+        # One input per feature: a numpy_function input is a zero-copy view, while
+        # concatenating them in TF would copy every gradient once more.
         @tf.autograph.experimental.do_not_convert
-        def update(*arrays):
-            rows, restores, grads = arrays[:n_tables], arrays[n_tables:n_tables + len(
-                features)], arrays[n_tables + len(features):]
+        def update(packed, sizes, *grads):
+            starts, ends = self._bounds(sizes)
             for t, table in enumerate(tables):
-                summed = np.zeros((rows[t].shape[0], table.dim), np.float32)
-                for k in by_table[t]:
-                    kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32), restores[k],
-                                      summed)
+                rows = packed[starts[t]:ends[t]]
+                summed = np.zeros((rows.shape[0], table.dim), np.float32)
+                for k in self._by_table[t]:
+                    kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32),
+                                      packed[starts[n_tables + k]:ends[n_tables + k]], summed)
                 optimizer = table.rows.optimizer
                 with optimizer._lock:  # noqa: SLF001 -- the kernel optimizer's step count
                     step = optimizer._steps.get(table.table_name, 0) + 1  # noqa: SLF001
                     optimizer._steps[table.table_name] = step  # noqa: SLF001
-                optimizer._update(table.rows.allocate(), rows[t], summed, step)  # noqa: SLF001
-                table.after_update(rows[t])
+                optimizer._update(table.rows.allocate(), rows, summed, step)  # noqa: SLF001
+                table.after_update(rows)
             return np.int64(n_tables)
 
-        inputs = ([batch[f"rows/{t.table_name}"] for t in tables]
-                  + [batch[f"restore/{f.name}"] for f in features] + per_id)
-        return tf.numpy_function(update, inputs, tf.int64, stateful=True,
-                                 name="sparseflow_tf2_update")
+        return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],
+                                 tf.int64, stateful=True, name="sparseflow_tf2_update")
 
     # -- checkpoints (tf.train.Checkpoint) -----------------------------------------------
 
