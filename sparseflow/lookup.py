@@ -287,8 +287,7 @@ def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
     after = tf.identity(seq)
     gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
         lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
-    with tf.control_dependencies([gate]):
-        gathered = device_rows.gather(rows)
+    gathered = device_rows.gather(_after(gate, rows))
 
     @tf.autograph.experimental.do_not_convert
     def release(seq):
@@ -336,8 +335,15 @@ def _pending_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
 
     # Exclusive: another lookup of the table in the same run that pops this batch's new rows
     # has written them before this pop returns (DeviceRows.exclusive).
-    with tf.control_dependencies([device_rows.exclusive(pop_and_initialize)]):
-        return device_rows.gather(rows)
+    return device_rows.gather(_after(device_rows.exclusive(pop_and_initialize), rows))
+
+
+def _after(dependency, rows: tf.Tensor) -> tf.Tensor:
+    """``rows`` through an identity that runs after ``dependency``: a gather built on it
+    reads the variables only then. (A control dependency put on the gather's own block
+    reaches only its constant inputs, which graph optimization may fold away with it.)"""
+    with tf.control_dependencies([dependency]):
+        return tf.identity(rows)
 
 
 def is_unique_device_rows(indices: tf.Tensor) -> bool:

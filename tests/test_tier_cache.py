@@ -57,7 +57,7 @@ def test_hammer_a_tiny_cache_never_loses_an_update(slots, in_flight, seed):
         device[step_slots[valid]] += delta                  # the update lands on the device
         truth[step_rows[valid]] += delta
         if seq % 2:
-            cache.settle()          # after the update; otherwise the next pop_plans settles
+            cache.settle()          # after the update (one settle covers both batches)
         assert len(set(cache.row_in[cache.row_in >= 0].tolist())) == int(
             (cache.row_in >= 0).sum())                      # a row is in at most one slot
     # Flush: every row's latest value is on the device if resident, else at home.
@@ -82,8 +82,6 @@ def test_rows_of_batches_in_flight_are_never_victims():
         cache.place(np.array([4], np.int32), seq=2)
     assert cache.slot_of[4] == -1                        # nothing changed
     cache.release(0)                                     # gathered, not yet updated
-    with pytest.raises(CacheFullError):
-        cache.place(np.array([4], np.int32), seq=2)
     cache.settle()                                       # updated
     slots = cache.place(np.array([4, 2], np.int32), seq=2)
     assert cache.slot_of[0] == -1 or cache.slot_of[1] == -1   # an unpinned row left ...
@@ -148,3 +146,35 @@ def test_reset_empties_the_cache():
     cache.release(0)                                     # a batch from before: ignored
     cache.settle()
     assert (cache.pins == 0).all()
+
+
+def test_a_gathered_training_batch_stays_pinned_until_its_update():
+    cache = TierCache("t", 5, 20)
+    cache.place(np.array([0, 1], np.int32), seq=0)                  # training batch
+    cache.place(np.array([2, 3], np.int32), seq=1, training=False)  # evaluation batch
+    cache.place(np.array([4], np.int32), seq=2)
+    cache.release(0)    # gathered; its update has not run
+    cache.release(1)    # gathered; nothing will write it: unpinned now
+    cache.release(2)
+    assert cache.pins[cache.slot_of[[0, 1]]].tolist() == [1, 1]    # still pinned
+    assert cache.pins[cache.slot_of[[2, 3]]].tolist() == [0, 0]
+    cache.settle()      # batches 0 and 2 updated
+    cache.pop_plans()
+    cache.place(np.array([5, 6], np.int32), seq=3)
+    cache.release(3)
+    # Batch 3 is gathered, not updated; a placement needing two slots takes the
+    # evaluation batch's and others', never batch 3's.
+    cache.place(np.array([7, 8], np.int32), seq=4)
+    assert cache.slot_of[5] >= 0 and cache.slot_of[6] >= 0
+    out = [r for p in cache.pop_plans() for r in p.out_rows.tolist()]
+    assert 5 not in out and 6 not in out
+
+
+def test_a_training_batch_whose_update_never_runs_is_named_when_the_cache_fills():
+    cache = TierCache("t", 3, 20)
+    cache.place(np.array([0, 1, 2], np.int32), seq=0)
+    cache.release(0)                                     # no update follows
+    with pytest.raises(CacheFullError, match=r"1 gathered batches await theirs"):
+        cache.place(np.array([3], np.int32), seq=1)
+    cache.settle()                                       # the next update
+    assert cache.place(np.array([3], np.int32), seq=1).tolist() == [0]

@@ -94,10 +94,10 @@ class RowTiers:
             self.cache.forget(rows)
             homes.write(rows, values)
 
-    def place(self, rows: np.ndarray, seq: int) -> np.ndarray:
+    def place(self, rows: np.ndarray, seq: int, training: bool = True) -> np.ndarray:
         """The fast slots of a batch's unique logical rows (-1 stays -1); see
         :meth:`TierCache.place`."""
-        return self.cache.place(rows, seq)
+        return self.cache.place(rows, seq, training)
 
     # -- the training step -----------------------------------------------------------------
 
@@ -105,7 +105,8 @@ class RowTiers:
         """Pops every queued plan (``after``: ignored, the value a training step's pop waits
         for), merged: ``(out_slots, out_rows, out_gens, in_slots,
         in_rows)``. Merging is safe: within one pop no row or slot enters and then leaves
-        (an entered slot stays pinned until its batch is settled, after this pop's step)."""
+        (an entered slot stays pinned until its batch is gathered and updated, after this
+        pop's step)."""
         plans = self.cache.pop_plans()
         if not plans:
             empty = np.zeros(0, np.int32)

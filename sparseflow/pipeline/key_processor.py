@@ -99,7 +99,7 @@ class KeyProcessor:
       tracked_rows: dynamic expansion: rows the per-row arrays (last-seen times, checkpoint
         marks) cover at first; they grow (doubling) as rows past them are handed out, so a
         ``row_limit`` of 2^31 - 1 costs nothing up front. None: ``row_limit`` rows, fixed.
-      place_rows: tiered tables: callback ``(rows int32[U], seq) -> slots int32[U]`` that
+      place_rows: tiered tables: callback ``(rows int32[U], seq, train) -> slots int32[U]`` that
         turns a batch's unique logical rows into fast-tier slots, which the batch then
         carries instead (``embed/row_tiers.py``); in-flight tracking is then always on.
     """
@@ -108,7 +108,7 @@ class KeyProcessor:
                  init_rows: Callable[[np.ndarray, np.ndarray], None],
                  capacity_hint: int = 1024, size_hint: str = "device_vocabulary_size",
                  sketch: CountMinSketch | None = None, *, tracked_rows: int | None = None,
-                 place_rows: Callable[[np.ndarray, int], np.ndarray] | None = None):
+                 place_rows: Callable[[np.ndarray, int, bool], np.ndarray] | None = None):
         self.table_name = table_name
         self.threshold = -1 if access_threshold is None else int(access_threshold)
         self.sketch = sketch
@@ -217,7 +217,7 @@ class KeyProcessor:
             if self._place_rows is not None:
                 # A full fast tier raises here, after the keys were counted and assigned: a
                 # configuration error (the tier is smaller than the batches in flight).
-                rows[:n_unique] = self._place_rows(rows[:n_unique], seq)
+                rows[:n_unique] = self._place_rows(rows[:n_unique], seq, train)
         return BatchResult(rows=rows, restore=restore, n_new=int(n_new), seq=seq)
 
     # -- eviction --------------------------------------------------------------------------

@@ -12,12 +12,14 @@ before every swap in (home → fast) — before its gather.
 
 Executing plans of batches still in the prefetch buffer early is safe: a plan only moves rows
 out of slots no batch in flight uses and into slots it took from no one in flight. A batch's
-slots stay pinned from placement until its step has gathered *and updated* them: the gather
-marks the batch released (:meth:`TierCache.release`) and the slots are unpinned by
-:meth:`TierCache.settle` (the sparse optimizer, after its update) or by the next
-:meth:`TierCache.pop_plans` (a step that updates nothing). So no plan executes between a
-batch's gather and its update — with one exception: two lookups of one tiered table on
-different batches in a single session run (see docs/design-notes.md, "Tiers").
+slots stay pinned from placement until its step has gathered them and, for a training batch,
+updated them: the gather marks the batch released (:meth:`TierCache.release`), which unpins
+an evaluation batch's slots at once (nothing will write them) and leaves a training batch's
+pinned until :meth:`TierCache.settle` (the sparse optimizer, after its update). So no plan
+moves a training batch's row between its gather and its update, however many lookups of the
+table one session run holds. A training batch whose update never runs (its lookup fetched
+without the train op) stays pinned until the next update settles every released batch; the
+full-tier error says so.
 
 A row whose key was evicted may still sit in a slot; when the key processor hands the row to a
 new key, :meth:`TierCache.forget` frees its slot and bumps the row's generation, so that a
@@ -81,6 +83,7 @@ class TierCache:
         self.last_used = np.zeros(self.slots, np.int64)      # LRU clock per slot
         self.pins = np.zeros(self.slots, np.int32)           # batches in flight per slot
         self._pinned: dict[int, np.ndarray] = {}             # seq -> slots it pinned
+        self._training: dict[int, bool] = {}                 # seq -> a training batch?
         self._released: list[int] = []                       # gathered, not yet settled
         self._clock = 0
         self._n_free = self.slots
@@ -90,12 +93,14 @@ class TierCache:
         self.swapped_out = 0
         self.hits = 0
 
-    def place(self, rows: np.ndarray, seq: int) -> np.ndarray:
+    def place(self, rows: np.ndarray, seq: int, training: bool = True) -> np.ndarray:
         """Fast slots for a batch's unique rows, queueing the moves that make them resident.
 
         Args:
           rows: int32 ``[U]`` distinct logical rows, -1 for keys without a row.
           seq: the batch's sequence number (its slots stay pinned until it is settled).
+          training: a training batch (its slots stay pinned after its gather, until its
+            update has run) or an evaluation one (unpinned at its gather).
 
         Returns:
           int32 ``[U]`` slots (-1 where ``rows`` is -1).
@@ -119,9 +124,7 @@ class TierCache:
             n_victims = n - take_free.shape[0]
             victims = np.zeros(0, np.int32)
             if n_victims:
-                eligible = (self.pins == 0) & (self.row_in >= 0)
-                eligible[resident] = False
-                candidates = np.flatnonzero(eligible)
+                candidates = self._candidates(resident)
                 if candidates.shape[0] < n_victims:
                     raise CacheFullError(
                         f"Table `{self.table_name}`: a batch needs {n} rows moved into the "
@@ -129,7 +132,10 @@ class TierCache:
                         f"its {self.slots} slots ({self.size_hint}) are free or unused by the "
                         f"{len(self._pinned)} batches in flight. Raise the fast tier's size "
                         f"to at least the unique keys of the batches in flight, or prefetch "
-                        f"fewer batches.")
+                        f"fewer batches. (A training batch stays in flight from its placement "
+                        f"until its sparse optimizer's update: fetching a training lookup "
+                        f"without the train op keeps its batch pinned until the next update; "
+                        f"{len(self._released)} gathered batches await theirs.)")
                 victims = self._victims(candidates, n_victims)
             out_rows = self.row_in[victims].copy()
             self.slot_of[out_rows] = -1
@@ -142,6 +148,7 @@ class TierCache:
             used = slots[valid]
             self.pins[used] += 1
             self._pinned[int(seq)] = used
+            self._training[int(seq)] = bool(training)
             self.last_used[used] = self._clock
             self._clock += 1
             if self.uses is not None:
@@ -154,6 +161,13 @@ class TierCache:
                                             out_gens=self.gen[out_rows].copy(),
                                             in_slots=new_slots, in_rows=in_rows))
             return slots
+
+    def _candidates(self, resident: np.ndarray) -> np.ndarray:
+        """Slots that may be emptied: holding a row, pinned by no batch, not one of the
+        batch's own resident rows."""
+        eligible = (self.pins == 0) & (self.row_in >= 0)
+        eligible[resident] = False
+        return np.flatnonzero(eligible)
 
     def _victims(self, candidates: np.ndarray, n: int) -> np.ndarray:
         """The ``n`` candidates to evict: oldest (LRU) or least placed (LFU) first, ties by
@@ -170,11 +184,16 @@ class TierCache:
         return candidates[pick].astype(np.int32)
 
     def release(self, seq: int) -> None:
-        """Marks batch ``seq`` gathered; its slots stay pinned until :meth:`settle` (after
-        its update) or the next :meth:`pop_plans`."""
+        """Marks batch ``seq`` gathered: an evaluation batch's slots are unpinned now, a
+        training batch's at :meth:`settle`, after its update."""
         with self.lock:
-            if int(seq) in self._pinned:
-                self._released.append(int(seq))
+            seq = int(seq)
+            if seq not in self._pinned:
+                return
+            if self._training.get(seq, True):
+                self._released.append(seq)
+            else:
+                self._unpin(seq)
 
     def settle(self) -> None:
         """Unpins the slots of every released batch (their updates have run)."""
@@ -183,16 +202,18 @@ class TierCache:
 
     def _settle(self) -> None:
         for seq in self._released:
-            used = self._pinned.pop(seq, None)
-            if used is not None:
-                self.pins[used] -= 1
+            self._unpin(seq)
         self._released.clear()
 
+    def _unpin(self, seq: int) -> None:
+        used = self._pinned.pop(seq, None)
+        self._training.pop(seq, None)
+        if used is not None:
+            self.pins[used] -= 1
+
     def pop_plans(self) -> list[SwapPlan]:
-        """Every queued plan, oldest first; settles the released batches first (a step
-        pops before its gather, so the previous step's update has run)."""
+        """Every queued plan, oldest first, to execute in this order."""
         with self.lock:
-            self._settle()
             plans = list(self._plans)
             self._plans.clear()
         return plans
@@ -228,6 +249,7 @@ class TierCache:
             if self.uses is not None:
                 self.uses[:] = 0
             self._pinned.clear()
+            self._training.clear()
             self._released.clear()
             self._plans.clear()
 
