@@ -100,3 +100,27 @@ def linear_tower(pooled: list, label: tf.Tensor) -> tf.Tensor:
     w = tf.compat.v1.get_variable("w", initializer=w0)
     logit = tf.squeeze(tf.matmul(x, w), 1)
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
+
+
+def sgd_and_sparse_train_op(loss: tf.Tensor, sparse_optimizer, lr: float = 0.1):
+    """One training op: the dense variables by plain SGD (``lr``), every table by
+    ``sparse_optimizer``."""
+    dense, sparse = sf.get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, dense + sparse)
+    return tf.group(
+        tf.compat.v1.train.GradientDescentOptimizer(lr).apply_gradients(
+            zip(grads[:len(dense)], dense)),
+        sparse_optimizer.apply_gradients(zip(grads[len(dense):], sparse)))
+
+
+def assert_same_training(run, reference, steps: int | None = None) -> None:
+    """``run`` and ``reference`` are (losses, {table: (keys, embeddings)}, ...): the same
+    losses (1e-5), the same keys and embeddings."""
+    losses, tables, ref_losses, ref_tables = run[0], run[1], reference[0], reference[1]
+    assert len(losses) == len(ref_losses)
+    if steps is not None:
+        assert len(losses) == steps
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for name, (keys, emb) in ref_tables.items():
+        np.testing.assert_array_equal(tables[name][0], keys)
+        np.testing.assert_allclose(tables[name][1], emb, rtol=1e-5, atol=1e-6)

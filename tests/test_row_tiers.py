@@ -17,7 +17,8 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow.optimizers import adagrad, lazy_adam
 from sparseflow.pipeline.tier_cache import CacheFullError
-from tests.pipeline_utils import make_batch_iterator
+from tests.pipeline_utils import (assert_same_training, linear_tower, make_batch_iterator,
+                                  sgd_and_sparse_train_op)
 
 B, STEPS, V = 32, 40, 3000
 D1, D2 = 8, 4
@@ -87,17 +88,8 @@ def _train(data, tiers, optimizer=lazy_adam.create_hash_optimizer, evict=False):
         batch = it.get_next()
         pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
                   for s in specs[:3]]
-        w0 = np.random.default_rng(5).normal(0, 0.3, (D1 + D1 + D2, 1)).astype(np.float32)
-        w = tf.compat.v1.get_variable("w", initializer=w0)
-        logit = tf.squeeze(tf.matmul(tf.concat(pooled, 1), w), 1)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
-                                                                      logits=logit))
-        dense, sparse = sf.get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense + sparse)
-        train = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
-                zip(grads[:len(dense)], dense)),
-            optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
+        loss = linear_tower(pooled, batch["label"])
+        train = sgd_and_sparse_train_op(loss, optimizer(0.05))
         sf.start_asc_pipeline()
         losses = []
         with tf.compat.v1.Session() as sess:
@@ -115,15 +107,6 @@ def _train(data, tiers, optimizer=lazy_adam.create_hash_optimizer, evict=False):
     return np.array(losses), exported, stats
 
 
-def _assert_same(run, reference):
-    (losses, tables, _), (ref_losses, ref_tables, _) = run, reference
-    assert len(losses) == len(ref_losses)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    for name, (keys, emb) in ref_tables.items():
-        np.testing.assert_array_equal(tables[name][0], keys)
-        np.testing.assert_allclose(tables[name][1], emb, rtol=1e-5, atol=1e-6)
-
-
 @pytest.fixture(scope="module")
 def reference():
     return {evict: _train(_data(), _tiers("host", None), evict=evict) for evict in (False, True)}
@@ -133,7 +116,7 @@ def reference():
 @pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
 def test_a_small_fast_tier_trains_as_all_rows_in_memory(kind, evict, reference, tmp_path):
     run = _train(_data(), _tiers(kind, tmp_path), evict=evict)
-    _assert_same(run, reference[evict])
+    assert_same_training(run, reference[evict])
     stats = run[2]["t1"]
     # The fast tier churned: far more keys than slots went through it.
     assert stats["rows_swapped_out"] > 300 and 0.3 < stats["hit_rate"] < 0.95
@@ -144,14 +127,14 @@ def test_a_small_fast_tier_trains_as_all_rows_in_memory(kind, evict, reference, 
 
 
 def test_all_rows_on_device_train_as_host_rows_with_eviction(reference):
-    _assert_same(_train(_data(), _tiers("device", None), evict=True), reference[True])
+    assert_same_training(_train(_data(), _tiers("device", None), evict=True), reference[True])
 
 
 @pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
 def test_adagrad_through_a_tier(kind, tmp_path):
     data = _data(seed=1, steps=20)
     reference = _train(data, _tiers("host", None), adagrad.create_hash_optimizer)
-    _assert_same(_train(data, _tiers(kind, tmp_path), adagrad.create_hash_optimizer),
+    assert_same_training(_train(data, _tiers(kind, tmp_path), adagrad.create_hash_optimizer),
                  reference)
 
 

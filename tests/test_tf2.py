@@ -12,7 +12,8 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow import tf2
 from sparseflow.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
-from tests.pipeline_utils import make_batch_iterator, run_all, two_table_data
+from tests.pipeline_utils import (assert_same_training, linear_tower, make_batch_iterator,
+                                  run_all, sgd_and_sparse_train_op, two_table_data)
 
 B, STEPS, V1, V2 = 32, 25, 120, 40
 D1, D2 = 8, 4
@@ -46,16 +47,8 @@ def _session_losses(data, optimizer, threshold):
         batch = it.get_next()
         pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
                   for s in specs]
-        w = tf.compat.v1.get_variable("w", initializer=_w0())
-        logit = tf.squeeze(tf.matmul(tf.concat(pooled, 1), w), 1)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
-                                                                      logits=logit))
-        dense, sparse = sf.get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense + sparse)
-        train = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(LR_DENSE).apply_gradients(
-                zip(grads[:len(dense)], dense)),
-            OPTIMIZERS[optimizer][0]().apply_gradients(zip(grads[len(dense):], sparse)))
+        loss = linear_tower(pooled, batch["label"])   # its weights are _w0()
+        train = sgd_and_sparse_train_op(loss, OPTIMIZERS[optimizer][0](), LR_DENSE)
         sf.start_asc_pipeline()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -106,12 +99,7 @@ def _tf2_losses(data, optimizer, threshold, in_dataset):
 
 
 def _assert_same(run, reference):
-    (losses, tables), (ref_losses, ref_tables) = run, reference
-    assert len(losses) == len(ref_losses) == STEPS
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    for name, (keys, emb) in ref_tables.items():
-        np.testing.assert_array_equal(tables[name][0], keys)
-        np.testing.assert_allclose(tables[name][1], emb, rtol=1e-5, atol=1e-6)
+    assert_same_training(run, reference, STEPS)
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
