@@ -29,6 +29,7 @@ FEATURES = tuple(f"C{j + 1}" for j in range(len(CRITEO_CARDINALITIES)))
 HP = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
 PREFETCH = 2
 STDDEV = 0.05  # every table starts truncated-normal(0, 0.05)
+TF2_STEPS_PER_CALL = 10  # d_tf2: steps per tf.function call (a tf.range loop, as TPUEmbedding's)
 
 
 # ------------------------------------------------------------------------------------------
@@ -408,6 +409,64 @@ def run_graph(builder, data: Data, cap: int, warmup: int, steps: int, trace_ever
             built.close()
         del built, sess, graph
         gc.collect()
+
+
+def run_sparseflow_tf2(data: Data, cap: int, warmup: int, steps: int,
+                       steps_per_call: int = 1) -> RunResult:
+    """``d_tf2``: (d) through the TF2 API: a ``sparseflow.tf2.TableConfig`` (capacity
+    min(card, cap), truncated normal 0.05) and ``FeatureConfig`` per feature, one
+    ``Embedding`` with ``sparseflow.tf2.Adam`` (lazy), ``Embedding.preprocess`` in the dataset
+    map (sequential), and a ``tf.function`` (jit off) taking the iterator, as TPUEmbedding's
+    training loop does: ``steps_per_call`` steps in a ``tf.range`` loop, each doing next,
+    enqueue, dequeue, the DLRM, ``apply_gradients`` and ``tf.compat.v1.train.AdamOptimizer``
+    on the dense variables (as the Session variant). A step's time is its call's over
+    ``steps_per_call``; the input wait is inside the call, not measured apart."""
+    from sparseflow import tf2
+
+    features = {f: tf2.FeatureConfig(tf2.TableConfig(
+        v, DIM, tf.compat.v1.truncated_normal_initializer(stddev=STDDEV), combiner="sum",
+        name=f"t_{f}")) for f, v in zip(FEATURES, capacities(cap))}
+    embedding = tf2.Embedding(features, tf2.Adam(HP["learning_rate"], HP["beta1"], HP["beta2"],
+                                                 HP["epsilon"]))
+    embedding.reserve_memory()   # as (d) reserves its tables' memory, outside the timing
+    ds = source_v2(data).map(lambda b: (embedding.preprocess({f: b[f] for f in FEATURES}),
+                                        b["dense"], b["label"]))
+    it = iter(ds.prefetch(PREFETCH))
+    model = new_model()
+    opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"], HP["beta2"],
+                                           HP["epsilon"])
+
+    def one_step(iterator):
+        keys, dense, label = next(iterator)
+        embedding.enqueue(keys, training=True)
+        with tf.GradientTape() as tape:
+            activations = embedding.dequeue()
+            tape.watch(activations)
+            loss = bce(label, model(dense, [activations[f] for f in FEATURES]))
+        var_list = list(model.trainable_variables)
+        grads, act_grads = tape.gradient(loss, [var_list, activations])
+        embedding.apply_gradients(act_grads)
+        opt.apply_gradients(zip(grads, var_list))
+        return loss
+
+    @tf.function(jit_compile=False)
+    def train(iterator, n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            loss = one_step(iterator)
+        return loss
+
+    n = tf.constant(steps_per_call)
+    for _ in range(max(1, warmup // steps_per_call)):
+        train(it, n)
+    step_s = []
+    loss = None
+    for _ in range(max(1, steps // steps_per_call)):
+        t0 = time.perf_counter()
+        loss = train(it, n)
+        loss.numpy()
+        step_s += [(time.perf_counter() - t0) / steps_per_call] * steps_per_call
+    return RunResult(step_s, [], [], float(loss))
 
 
 def run_tf2(variant: str, data: Data, cap: int, warmup: int, steps: int) -> RunResult:
