@@ -299,8 +299,12 @@ class DeviceRows:
         ``in_rows``; the rows in ``out_slots`` are gathered (weights and slots, host layout)
         and handed to ``write_back_and_read(out_rows, out_gens, values, in_rows)``, whose
         result (the homes of ``in_rows``) is scattered into ``in_slots``. Returns
-        ``in_slots`` once the scatters have run."""
-        with self._clean_context(), self.graph.name_scope(self._scope):
+        ``in_slots`` once the scatters have run.
+
+        Built in the caller's control context (not a clean one): inside
+        :meth:`exclusive`, every op here must wait for the critical section's lock.
+        """
+        with self.graph.as_default(), self.graph.name_scope(self._scope):
             out_slots, out_rows, out_gens, in_slots, in_rows = tf.numpy_function(
                 take, [after], [tf.int32, tf.int32, tf.int64, tf.int32, tf.int32], stateful=True,
                 name="take_swaps")
