@@ -168,3 +168,24 @@ def test_sparse_updates_are_lazy():
     assert keys.tolist() == list(range(20)) and keys2.tolist() == list(range(40))
     np.testing.assert_array_equal(after_second[:20], after_first)   # untouched rows
     assert layer.table.rows.optimizer.steps("lazy") == 4
+
+
+def test_weights_of_another_optimizer_are_refused_and_names_are_cleaned(tmp_path):
+    inputs = keras.Input(shape=(2,), dtype="int64")
+
+    def model_with(optimizer):
+        layer = SparseEmbedding(40, 2, optimizer=optimizer, name="my-table")
+        model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        return model, layer
+
+    model, layer = model_with(tf2.Adam(0.1))
+    assert layer.table.table_name == "my_table"
+    model.fit(np.arange(8).reshape(4, 2), np.ones((4, 1)), verbose=0)
+    model.save_weights(tmp_path / "adam.weights.h5")
+    other, _ = model_with(tf2.FTRL(0.1))
+    with pytest.raises(ValueError, match=r"optimizer slots \['momentum', 'velocity'\] but "
+                                         r"the table has .* \['accum', 'linear'\]"):
+        other.load_weights(tmp_path / "adam.weights.h5")
+    with pytest.raises(ValueError, match=r"Argument `eviction_threshold` must be None"):
+        SparseEmbedding(10, 2, eviction_threshold=5)

@@ -415,7 +415,8 @@ def test_a_full_table_raises_table_full_error():
     embedding = tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(3, 2, name="t"))},
                               tf2.SGD(0.1))
     # Eagerly the key processor's own error comes through; inside tf.function an OpError.
-    with pytest.raises((sf.TableFullError, tf.errors.OpError), match=r"Table `t` is full"):
+    with pytest.raises((sf.TableFullError, tf.errors.OpError),
+                       match=r"Table `t` is full.*Set `vocabulary_size` to at least 4"):
         embedding.enqueue({"f": tf.constant([1, 2, 3, 4])})
 
 
@@ -432,3 +433,71 @@ def test_any_int64_is_a_key_unless_it_is_the_padding_key():
     padded.enqueue({"f": keys}, training=True)
     padded.dequeue()
     assert sorted(padded.tables[table].export()[0].tolist()) == [-5, 7, 2**62]
+
+
+# -- misuse found in review ---------------------------------------------------------------
+
+def test_a_gradient_of_the_wrong_size_is_refused_not_applied():
+    table = tf2.TableConfig(10, 2, name="t", initializer=tf.compat.v1.zeros_initializer())
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(table)}, tf2.SGD(1.0))
+    embedding.enqueue({"f": tf.constant([1, 2, 3, 4])})
+    embedding.dequeue()
+    with pytest.raises((ValueError, tf.errors.OpError),
+                       match=r"`gradients` for feature `feature_0` must match its "
+                             r"activations: 4 embedding rows .* got a gradient giving 1"):
+        embedding.apply_gradients({"f": tf.ones([1, 2])})
+    np.testing.assert_array_equal(embedding.tables[table].export()[1], 0)   # untouched
+
+
+def test_feature_names_must_differ_and_tables_be_well_named():
+    table = tf2.TableConfig(10, 2, name="t")
+    with pytest.raises(ValueError, match=r"features with distinct names"):
+        tf2.Embedding({"a": tf2.FeatureConfig(table, name="x"),
+                       "b": tf2.FeatureConfig(table, name="x")})
+    with pytest.raises(ValueError, match=r"Argument `name` must be a str of 1 to 100 "
+                                         r"characters from A-Z"):
+        tf2.TableConfig(10, 2, name="a/b")
+    assert tf2.FeatureConfig(table, output_shape=[np.int64(4), 1]).output_shape == [4, 1]
+    with pytest.raises(ValueError, match=r"`output_shape`"):
+        tf2.FeatureConfig(table, output_shape=[0])
+
+
+def test_a_batch_is_enqueued_on_the_channel_it_was_preprocessed_for():
+    table = tf2.TableConfig(10, 2, name="t")
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(table)}, tf2.SGD(1.0))
+    evaluation = embedding.preprocess({"f": tf.constant([1])}, training=False)
+    with pytest.raises(ValueError, match=r"Argument `training` must be False, the channel "
+                                         r"the batch was preprocessed for"):
+        embedding.enqueue(evaluation)                      # training=True by default
+    embedding.enqueue(evaluation, training=False)
+    out = embedding.dequeue()
+    with pytest.raises(RuntimeError, match=r"on an evaluation batch"):
+        embedding.apply_gradients(out)
+    with pytest.raises(TypeError, match=r"Argument `training` must be a Python bool"):
+        embedding.preprocess({"f": tf.constant([1])}, training=tf.constant(True))
+
+
+def test_several_replicas_are_refused(monkeypatch):
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 2, name="t"))})
+    monkeypatch.setattr(tf.distribute, "get_replica_context", lambda: TwoReplicas())
+    with pytest.raises(RuntimeError, match=r"runs under one replica; this strategy has 2"):
+        embedding.enqueue({"f": tf.constant([1])})
+
+
+def test_nested_ragged_and_high_rank_sparse_inputs():
+    table = tf2.TableConfig(20, 2, name="t", combiner="sum")
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(table)}, tf2.SGD(0.1))
+    nested = tf.ragged.constant([[[1, 2], [3]], [[4]]], tf.int64)
+    embedding.enqueue({"f": nested})
+    out = embedding.dequeue()["f"].numpy()
+    np.testing.assert_allclose(out[0], _reference_rows(embedding, table, [1, 2, 3]).sum(0),
+                               rtol=1e-6)
+    sequence = tf2.Embedding({"f": tf2.FeatureConfig(table, max_sequence_length=2)})
+    with pytest.raises(ValueError, match=r"ragged rank 1\) for a sequence feature"):
+        sequence.enqueue({"f": nested})
+    rank3 = tf.sparse.from_dense(tf.constant([[[1, 2], [3, 4]]], tf.int64))
+    with pytest.raises(ValueError, match=r"a SparseTensor of rank 1 or 2"):
+        embedding.enqueue({"f": rank3})

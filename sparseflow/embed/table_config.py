@@ -81,7 +81,7 @@ class TableConfig:
         def set_(attr: str, value: Any) -> None:
             object.__setattr__(self, attr, value)
 
-        set_("name", _check_name(self.name))
+        set_("name", check_table_name(self.name))
         set_("key_dtype", _check_dtype("key_dtype", self.key_dtype, _KEY_DTYPES))
         set_("dim", _check_dim(self.dim))
         if self.emb_initializer is None:
@@ -164,12 +164,19 @@ def make_table_config(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                        **counter)
 
 
-def _check_name(name: Any) -> str:
-    check_str("name", name, 1, _NAME_MAX_LEN)
+def check_table_name(name: Any, argument: str = "name") -> str:
+    """``name`` if it is 1 to 100 characters of ``[A-Za-z0-9_.]`` (a table's name: it names
+    files and checkpoint keys).
+
+    Raises:
+      TypeError, ValueError: naming ``argument``.
+    """
+    check_str(argument, name, 1, _NAME_MAX_LEN)
     if not _NAME_PATTERN.fullmatch(name):
-        fail("name", f"a str of 1 to {_NAME_MAX_LEN} characters from A-Z, a-z, 0-9, '_' and '.'",
-             name)
+        fail(argument, f"a str of 1 to {_NAME_MAX_LEN} characters from A-Z, a-z, 0-9, '_' and "
+             f"'.'", name)
     return name
+
 
 
 def _check_dtype(argument: str, value: Any, allowed_names: tuple[str, ...]) -> np.dtype:

@@ -14,6 +14,8 @@ Key processing happens in the layer, per call: training calls count, admit and a
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -26,6 +28,7 @@ from sparseflow.validation import fail
 
 _STATE_KEYS = ("keys", "counts", "last_seen", "values", "counted_keys", "counted_counts",
                "clock", "optimizer_steps")
+_NOT_IN_A_TABLE_NAME = re.compile(r"[^A-Za-z0-9_.]")
 
 
 @keras.saving.register_keras_serializable(package="sparseflow")
@@ -42,10 +45,17 @@ class SparseEmbedding(keras.layers.Layer):
       combiner: "sum", "mean" or "sqrtn": how the ids of one example are combined.
       max_sequence_length: 0 to combine; > 0 for one embedding per position
         (``[batch, max_sequence_length, dim]``).
-      access_threshold, eviction_threshold: as ``sparseflow.tf2.TableConfig``.
+      access_threshold: as ``sparseflow.tf2.TableConfig``.
+      eviction_threshold: not supported by the layer yet (it sees no timestamps): must be
+        None; use ``sparseflow.tf2.Embedding`` for eviction.
       padding_key: None (every id is a key: keys are any int64 value) or the int that pads
         ``[batch, n]`` inputs (e.g. -1), ignored.
-      **kwargs: Keras layer arguments (``name`` also names the table).
+      **kwargs: Keras layer arguments (``name`` also names the table, with characters
+        outside ``[A-Za-z0-9_.]`` replaced by ``_``).
+
+    Called twice in one model (a shared layer), it applies two updates per training step,
+    one per call, where ``sparseflow.tf2.Embedding`` sums the features sharing a table into
+    one: Adam's and Adagrad's numbers then differ from that API's.
 
     Inputs: int ids ``[batch]`` or ``[batch, n]``, or a ``tf.RaggedTensor``. Output: float32 ``[batch, dim]`` (or ``[batch,
     max_sequence_length, dim]``).
@@ -59,6 +69,10 @@ class SparseEmbedding(keras.layers.Layer):
                  access_threshold: int | None = None, eviction_threshold: int | None = None,
                  padding_key: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        if eviction_threshold is not None:
+            fail("eviction_threshold", "None: the layer sees no timestamps, so it cannot "
+                 "evict (use sparseflow.tf2.Embedding with preprocess(timestamp=...))",
+                 eviction_threshold)
         if optimizer is None:
             optimizer = Adam(0.001)
         elif isinstance(optimizer, dict):
@@ -74,15 +88,16 @@ class SparseEmbedding(keras.layers.Layer):
                           max_sequence_length=max_sequence_length,
                           access_threshold=access_threshold,
                           eviction_threshold=eviction_threshold, padding_key=padding_key)
+        table_name = _NOT_IN_A_TABLE_NAME.sub("_", self.name)[:100] or "sparse_embedding"
         self.table_config = TableConfig(vocabulary_size, dim, self.initializer,
-                                        combiner=combiner, name=self.name,
+                                        combiner=combiner, name=table_name,
                                         access_threshold=access_threshold,
                                         eviction_threshold=eviction_threshold)
         self.feature_config = FeatureConfig(self.table_config,
                                             max_sequence_length=max_sequence_length,
                                             name="ids", padding_key=padding_key)
         self.embedding = Embedding({"ids": self.feature_config}, optimizer,
-                                   name=f"{self.name}_embedding")
+                                   name=f"{table_name}_embedding")
         self.dim = int(dim)
         self.max_sequence_length = int(max_sequence_length)
         # The numpy functions have no XLA kernel: keep model.fit's "auto" jit off.
@@ -146,6 +161,8 @@ class SparseEmbedding(keras.layers.Layer):
         state = table_state.capture(self.table)
         for key in _STATE_KEYS:
             store[key] = np.asarray(getattr(state, key))
+        # As UTF-8 bytes of the comma-joined names: the store takes numeric arrays only.
+        store["slot_names"] = np.frombuffer(",".join(state.slot_names).encode(), np.uint8)
 
     def load_own_variables(self, store):
         # Not super(): it expects the store to hold the Keras variables only.
@@ -156,7 +173,10 @@ class SparseEmbedding(keras.layers.Layer):
             keys=get["keys"].astype(np.int64), counts=get["counts"].astype(np.int32),
             last_seen=get["last_seen"].astype(np.int64),
             values=np.ascontiguousarray(get["values"], np.float32),
-            slot_names=tuple(table.rows.slot_names),
+            # Files written before slot names were stored: the layer's own layout.
+            slot_names=(tuple(n for n in bytes(np.asarray(store["slot_names"], np.uint8))
+                                    .decode().split(",") if n)
+                        if "slot_names" in store.keys() else tuple(table.rows.slot_names)),
             counted_keys=get["counted_keys"].astype(np.int64),
             counted_counts=get["counted_counts"].astype(np.int32),
             clock=int(get["clock"]), optimizer_steps=int(get["optimizer_steps"]))

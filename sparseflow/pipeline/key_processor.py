@@ -113,7 +113,7 @@ class KeyProcessor:
         self.threshold = -1 if access_threshold is None else int(access_threshold)
         self.sketch = sketch
         self._init_rows = init_rows
-        self._size_hint = size_hint
+        self.size_hint = size_hint   # the argument a full-table error tells users to raise
         self.index = HashIndex(max(1, min(capacity_hint, row_limit)))
         self.state = np.zeros(kk.STATE_LEN, np.int64)
         self.state[kk.STATE_ROW_LIMIT] = row_limit
@@ -376,7 +376,7 @@ class KeyProcessor:
                 f"Table `{self.table_name}` is full: it holds {self.size} keys in {limit} rows "
                 f"and a batch admits {needed} new keys but only {available} rows are free"
                 f"{waiting}. "
-                f"Set `{self._size_hint}` to at least {limit - available + needed} (more to leave "
+                f"Set `{self.size_hint}` to at least {limit - available + needed} (more to leave "
                 f"room for growth), raise `access_threshold`, or enable eviction.")
 
     # -- statistics ------------------------------------------------------------------------

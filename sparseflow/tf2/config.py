@@ -13,7 +13,8 @@ import math
 import tensorflow as tf
 
 from sparseflow.tf2.optimizers import OPTIMIZERS
-from sparseflow.validation import INT32_MAX, check_int, check_one_of, check_str, fail
+from sparseflow.embed.table_config import check_table_name
+from sparseflow.validation import INT32_MAX, check_int, check_one_of, fail, is_int
 
 COMBINERS = ("sum", "mean", "sqrtn")
 _MAX_VOCABULARY = 1_000_000_000
@@ -56,7 +57,7 @@ class TableConfig:
                  optimizer, TypeError)
         self.optimizer = optimizer
         self.combiner = check_one_of("combiner", combiner, COMBINERS)
-        self.name = None if name is None else check_str("name", name, 1, 100)
+        self.name = None if name is None else check_table_name(name)
         self.access_threshold = (-1 if access_threshold is None
                                  else check_int("access_threshold", access_threshold, -1,
                                                 INT32_MAX))
@@ -78,9 +79,10 @@ class FeatureConfig:
         into one ``[dim]`` vector per example); > 0 for a sequence feature: one embedding per
         position, ``[batch, max_sequence_length, dim]``, longer sequences truncated, missing
         positions zeros.
-      output_shape: None, or the shape to give the activations before ``dim`` (e.g.
-        ``[batch, 2]`` for two ids per example with ``combiner`` unused): a list of ints
-        whose product is the number of vectors a batch yields.
+      output_shape: None, or the shape the activations are reshaped to before ``dim``: a
+        list of positive ints whose product is the number of vectors a batch yields (the
+        batch size for a pooled feature, batch x ``max_sequence_length`` for a sequence
+        feature), e.g. ``[4, 1]`` for a batch of 4.
       name: the feature's name (messages, checkpoints); default its position.
       padding_key: None (every id of a dense input is a key: keys are any int64 value), or
         the int that pads dense ``[batch, n]`` inputs to n ids (e.g. -1); ids equal to it
@@ -101,12 +103,15 @@ class FeatureConfig:
             if isinstance(output_shape, tf.TensorShape):
                 output_shape = output_shape.as_list()
             if (not isinstance(output_shape, (list, tuple)) or not output_shape
-                    or not all(isinstance(d, int) and d >= 1 for d in output_shape)):
+                    or not all(is_int(d) for d in output_shape)):
                 fail("output_shape", "None or a non-empty list of positive ints",
                      output_shape, TypeError)
-            output_shape = list(output_shape)
+            if not all(int(d) >= 1 for d in output_shape):
+                fail("output_shape", "None or a non-empty list of positive ints",
+                     output_shape)
+            output_shape = [int(d) for d in output_shape]
         self.output_shape = output_shape
-        self.name = None if name is None else check_str("name", name, 1, 200)
+        self.name = None if name is None else check_table_name(name, "name")
         self.padding_key = (None if padding_key is None
                             else check_int("padding_key", padding_key, -(2**63), 2**63 - 1))
 

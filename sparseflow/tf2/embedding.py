@@ -24,8 +24,6 @@ numbers. State lives outside TF variables; the Embedding is a ``tf.Module`` that
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import tensorflow as tf
 
@@ -37,7 +35,10 @@ from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.validation import fail
 
-_MARK = "__sparseflow_tf2__"   # a processed batch carries it
+# A processed batch carries one of these keys: its channel, readable at trace time (a key of
+# the dict, not a tensor's value).
+_TRAINING_MARK = "__sparseflow_tf2_training__"
+_EVALUATION_MARK = "__sparseflow_tf2_evaluation__"
 
 
 class _Feature:
@@ -74,7 +75,8 @@ class Embedding(tf.Module):
         if optimizer is not None and not isinstance(optimizer, OPTIMIZERS):
             fail("optimizer", "None or one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL",
                  optimizer, TypeError)
-        self._feature_config = feature_config
+        # Not tracked by tf.Module (which would wrap it): dequeue() returns this structure.
+        self._feature_config = self._no_dependency(feature_config)
         flat = tf.nest.flatten(feature_config)
         if not flat or not all(isinstance(f, FeatureConfig) for f in flat):
             fail("feature_config", "a FeatureConfig or a nested structure of them",
@@ -100,15 +102,18 @@ class Embedding(tf.Module):
         # Features by embedding width: one gather output and one gradient input per width.
         self._dim_groups = [(dim, [k for k, f in enumerate(self._features) if f.dim == dim])
                             for dim in sorted({f.dim for f in self._features})]
+        names = [f.name for f in self._features]
+        if len(set(names)) != len(names):
+            fail("feature_config", "features with distinct names", names)
         self._enqueued = None
         self._dequeued = None
-        self._lock = threading.Lock()
 
     @staticmethod
     def _make_table(config: TableConfig, name: str, optimizer, kernels: dict) -> SparseTable:
         table_config = make_table_config(tf.int64, config.dim, name, config.initializer,
                                          device_vocabulary_size=config.vocabulary_size)
         table = SparseTable(table_config, _default_seed(name), rows_on="host")
+        table.processor.size_hint = "vocabulary_size"
         table.access_threshold = config.access_threshold
         table.processor.threshold = config.access_threshold
         if config.eviction_threshold is not None:
@@ -174,8 +179,12 @@ class Embedding(tf.Module):
           A flat dict of tensors, to pass to :meth:`enqueue`.
 
         Raises:
-          TypeError, ValueError: ``features`` does not match ``feature_config``.
+          TypeError, ValueError: ``features`` does not match ``feature_config``, or
+            ``training`` is not a Python bool.
         """
+        if not isinstance(training, bool):
+            fail("training", "a Python bool (the channel is fixed when the map is traced)",
+                 training, TypeError)
         flat = self._flatten(features)
         parts = [self._ids_and_segments(f, x) for f, x in zip(self._features, flat)]
         ts = tf.constant(-1, tf.int64) if timestamp is None else tf.cast(
@@ -210,7 +219,8 @@ class Embedding(tf.Module):
         packed, sizes = tf.numpy_function(process, [ts] + [p[0] for p in parts],
                                           [tf.int32, tf.int64], stateful=True,
                                           name="sparseflow_tf2_keys")
-        out = {_MARK: tf.constant(bool(training)), "packed": tf.ensure_shape(packed, [None]),
+        mark = _TRAINING_MARK if training else _EVALUATION_MARK
+        out = {mark: tf.constant(True), "packed": tf.ensure_shape(packed, [None]),
                "sizes": tf.ensure_shape(sizes, [2 * n_tables + n_features])}
         for f, (_, segments, n_segments) in zip(self._features, parts):
             if segments is not None:   # absent: one id per example (static, at trace time)
@@ -246,11 +256,19 @@ class Embedding(tf.Module):
         max_len = feature.max_len
         padding = feature.config.padding_key
         if isinstance(x, tf.SparseTensor):
+            if x.shape.rank is not None and x.shape.rank > 2:
+                fail(f"features[{feature.name}]", "a SparseTensor of rank 1 or 2 ([batch, n])",
+                     f"rank {x.shape.rank}")
             ids, indices = x.values, x.indices
             rows = indices[:, 0]
             cols = indices[:, -1] if x.shape.rank != 1 else tf.zeros_like(rows)
             batch = x.dense_shape[0]
         elif isinstance(x, tf.RaggedTensor):
+            if x.ragged_rank > 1:
+                if max_len:
+                    fail(f"features[{feature.name}]", "a RaggedTensor [batch, None] (ragged "
+                         "rank 1) for a sequence feature", f"ragged rank {x.ragged_rank}")
+                x = x.merge_dims(1, -1)   # pooled: every id of an example, in order
             ids = x.flat_values
             rows = x.value_rowids()
             cols = tf.range(tf.shape(ids, out_type=tf.int64)[0]) - tf.gather(x.row_starts(),
@@ -295,10 +313,38 @@ class Embedding(tf.Module):
     def enqueue(self, features, training: bool = True, timestamp=None) -> None:
         """Takes one batch: the dict :meth:`preprocess` made (in the ``tf.data`` pipeline),
         or raw ids, processed here (``training`` and ``timestamp`` as for
-        :meth:`preprocess`)."""
-        if not (isinstance(features, dict) and _MARK in features):
+        :meth:`preprocess`).
+
+        Raises:
+          ValueError: a processed batch of the other channel than ``training`` says (a
+            batch preprocessed for evaluation cannot train, and the reverse would count its
+            keys for nothing), or ``training`` is not a Python bool.
+          RuntimeError: under a strategy with several replicas (not supported yet: each
+            replica would apply the whole batch's update).
+        """
+        if not isinstance(training, bool):
+            fail("training", "a Python bool (the channel is fixed when the step is traced)",
+                 training, TypeError)
+        self._check_one_replica()
+        if isinstance(features, dict) and (_TRAINING_MARK in features
+                                           or _EVALUATION_MARK in features):
+            if (_TRAINING_MARK in features) != training:
+                fail("training", f"{_TRAINING_MARK in features}, the channel the batch was "
+                     f"preprocessed for (preprocess(features, training=...))", training)
+        else:
             features = self.preprocess(features, training, timestamp)
-        self._enqueued = (features, bool(training))
+        self._enqueued = (features, training)
+
+    @staticmethod
+    def _check_one_replica() -> None:
+        replica = tf.distribute.get_replica_context()
+        n = (replica.num_replicas_in_sync if replica is not None
+             else tf.distribute.get_strategy().num_replicas_in_sync)
+        if n > 1:
+            raise RuntimeError(
+                f"sparseflow.tf2.Embedding runs under one replica; this strategy has {n}. "
+                f"Each replica would gather and update the whole batch (multi-worker "
+                f"training is its own issue).")
 
     # -- 3. dequeue ----------------------------------------------------------------------
 
@@ -312,6 +358,7 @@ class Embedding(tf.Module):
         """
         if self._enqueued is None:
             raise RuntimeError("Embedding.dequeue() needs a batch: call enqueue() first.")
+        self._check_one_replica()
         batch, training = self._enqueued
         activations = self.activations(batch, training)
         self._dequeued = (batch, training)
@@ -445,8 +492,15 @@ class Embedding(tf.Module):
                 rows = packed[starts[t]:ends[t]]
                 summed = np.zeros((rows.shape[0], table.dim), np.float32)
                 for k in self._by_table[t]:
-                    kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32),
-                                      packed[starts[n_tables + k]:ends[n_tables + k]], summed)
+                    restore = packed[starts[n_tables + k]:ends[n_tables + k]]
+                    if grads[k].shape[0] != restore.shape[0]:  # the kernel does not check
+                        raise ValueError(
+                            f"Argument `gradients` for feature `{features[k].name}` must "
+                            f"match its activations: {restore.shape[0]} embedding rows of "
+                            f"{features[k].dim} values reach it, got a gradient giving "
+                            f"{grads[k].shape[0]}.")
+                    kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32), restore,
+                                      summed)
                 optimizer = table.rows.optimizer
                 with optimizer._lock:  # noqa: SLF001 -- the kernel optimizer's step count
                     step = optimizer._steps.get(table.table_name, 0) + 1  # noqa: SLF001
