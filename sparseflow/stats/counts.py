@@ -158,10 +158,11 @@ class FeatureCounter:
         timestamps, clock); ``other`` is unchanged.
 
         Raises:
-          ValueError: ``other`` is not a FeatureCounter, or differs in ``timed``.
+          TypeError: ``other`` is not a FeatureCounter.
+          ValueError: ``other`` differs in ``timed``.
         """
         if not isinstance(other, FeatureCounter):
-            raise ValueError(f"Argument `other` must be a FeatureCounter. "
+            raise TypeError(f"Argument `other` must be a FeatureCounter. "
                              f"Received: {type(other).__name__}")
         if other.timed != self.timed:
             raise ValueError("Cannot merge a timed counter with an untimed one.")

@@ -201,8 +201,8 @@ def render_markdown(doc: dict) -> str:
                          _num(e["keys_alive"])))
         lines += [f"| {k} | {v} |" for k, v in rows]
         mem = f["memory"]
-        lines += ["", f"Admission thresholds (memory at dim {mem['dim']}, {mem['optimizer']}: "
-                      f"{mem['slots']} slot{'s' if mem['slots'] != 1 else ''}):", "",
+        lines += ["", (f"Admission thresholds (memory at dim {mem['dim']}, {mem['optimizer']}: "
+                       f"{mem['slots']} slot{'s' if mem['slots'] != 1 else ''}):"), "",
                   "| threshold | keys kept | traffic kept | table memory |",
                   "|---:|---:|---:|---:|"]
         for t in f["thresholds"]:

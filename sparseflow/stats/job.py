@@ -1,0 +1,104 @@
+"""The offline feature-statistics job: Parquet in, a stats document (JSON + Markdown) out.
+
+One pass over the data, one record batch at a time: every requested column of a batch is
+turned into int64 keys (:mod:`sparseflow.stats.readers`) and counted exactly by its
+:class:`~sparseflow.stats.counts.FeatureCounter`. Memory is the counters' key tables (about 21
+bytes per distinct key, 32 with an eviction window) plus one record batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from sparseflow.stats import readers, report
+from sparseflow.stats.counts import FeatureCounter, check_options
+
+JSON_NAME = "stats.json"
+MARKDOWN_NAME = "stats.md"
+
+
+def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: int = 20,
+                  max_threshold: int = 10, eviction_window: int | None = None, dim: int = 16,
+                  optimizer: str = "adam", *, encodings: dict | None = None) -> dict:
+    """Exact statistics of sparse feature columns of Parquet data.
+
+    Args:
+      paths: a path or list of paths: Parquet files, directories (every file below; names
+        starting with '.' or '_' skipped) or globs.
+      sparse_columns: the columns to describe, a list of names (or one comma-separated
+        string). Integer columns are read as int64 keys, string columns hashed with the
+        project's string hash; list columns are multi-hot.
+      timestamp: the timestamp column (integers or Arrow timestamps), needed for
+        ``eviction_window``; None for none.
+      top_k: most frequent keys listed per feature, >= 0.
+      max_threshold: admission thresholds 1..max_threshold are reported, >= 1.
+      eviction_window: W >= 1: report the keys seen within W of the clock (the largest
+        timestamp in the data), i.e. ``clock - last_seen < W``; None for no eviction entry.
+      dim: embedding dimension for the memory estimate, >= 1.
+      optimizer: ``sgd`` | ``adagrad`` | ``adam`` | ``ftrl`` (0, 1, 2, 2 slots per row).
+      encodings: column -> ``int`` | ``hex`` | ``string``, overriding the default encoding.
+
+    Returns:
+      The stats document (a JSON-ready dict; see :mod:`sparseflow.stats.report`).
+
+    Raises:
+      ValueError: an option out of range, ``eviction_window`` without ``timestamp``, and every
+        error of :class:`sparseflow.stats.readers.ParquetSource` (missing files, files that
+        are not Parquet, unknown columns, unreadable values: each names the file and column).
+    """
+    if isinstance(sparse_columns, str):
+        sparse_columns = [c.strip() for c in sparse_columns.split(",") if c.strip()]
+    check_options(top_k, max_threshold, eviction_window, dim, optimizer)
+    if eviction_window is not None and timestamp is None:
+        raise ValueError("Argument `eviction_window` needs a `timestamp` column.")
+    source = readers.open_parquet(paths, sparse_columns, timestamp, encodings)
+    timed = eviction_window is not None
+    counters = {name: FeatureCounter(timed=timed) for name in source.columns}
+    rows = 0
+    clock = None
+    for batch in source.batches():
+        rows += batch.num_rows
+        if batch.timestamps is not None:
+            latest = int(batch.timestamps.max())
+            clock = latest if clock is None else max(clock, latest)
+        for name, col in batch.columns.items():
+            counters[name].update(col.keys, col.row_lengths,
+                                  col.timestamps if timed else None, col.null_rows)
+    features = {}
+    for name, counter in counters.items():
+        encoding, multi_hot = source.kinds[name]
+        features[name] = counter.result(top_k, max_threshold, eviction_window, dim, optimizer,
+                                        clock=clock, encoding=encoding, multi_hot=multi_hot)
+    info = {"format": "parquet", "mode": "exact", "paths": [str(p) for p in source.paths],
+            "files": list(source.files), "rows": rows, "timestamp": timestamp,
+            "clock": clock}
+    return report.build_document(info, features)
+
+
+def write_outputs(doc: dict, out_dir) -> dict:
+    """Writes ``stats.json`` (indented, keys in document order) and ``stats.md`` (the Markdown
+    summary) into ``out_dir``, creating it if needed.
+
+    Args:
+      doc: a document from :func:`compute_stats`.
+      out_dir: the output directory.
+
+    Returns:
+      ``{"json": path, "markdown": path}``.
+
+    Raises:
+      ValueError: ``doc`` is not a stats document of this version.
+      OSError: the directory or files cannot be written.
+    """
+    report.check_document(doc)
+    markdown = report.render_markdown(doc)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, JSON_NAME),
+             "markdown": os.path.join(out_dir, MARKDOWN_NAME)}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    with open(paths["markdown"], "w", encoding="utf-8") as f:
+        f.write(markdown)
+    return paths

@@ -1,0 +1,309 @@
+"""Streaming the sparse columns of Parquet files as int64 keys, record batch by record batch.
+
+Files, directories and globs are expanded by :func:`sparseflow.jobs.readers.expand_paths`;
+every file is opened and its columns checked up front (errors name the file), then read one
+record batch (``sparseflow.jobs.readers.READ_ROWS`` rows) at a time, so memory holds one batch
+of keys, not the data.
+
+Keys are read as the training jobs read them (:func:`sparseflow.ops.text_kernels.encode_keys`):
+encoding ``int`` for integer columns (any int64 is a key, -1 included), ``string`` for string
+columns (``Fingerprint64 mod 2**63 - 1``, the project's string hash), ``hex`` on request. A
+column of lists is multi-hot: its lists are flattened, every key counted. What is missing:
+
+* a null value of a single-valued column, or a null list: a *null row*;
+* an empty string (string/hex encodings, which read it as -1 like the training jobs): a null
+  row when it is the value, dropped when it is a list element;
+* a null element inside a list: dropped (a list of only nulls is an *empty row*).
+
+The timestamp column (integers, or Arrow timestamps read as their int64 count of units) gives
+every key its row's time; a null timestamp reads as 0, as in the training jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparseflow.jobs import readers as job_readers
+from sparseflow.ops import text_kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnKeys:
+    """One column of one record batch, ready for :meth:`FeatureCounter.update`.
+
+    Attributes:
+      keys: int64 [n], the keys of the non-null rows (lists flattened, missing values dropped).
+      row_lengths: int64 [r], keys per non-null row (multi-hot columns), or None.
+      null_rows: rows whose value is null (or an empty string).
+      timestamps: int64 [n], each key's row time, or None without a timestamp column.
+    """
+
+    keys: np.ndarray
+    row_lengths: np.ndarray | None
+    null_rows: int
+    timestamps: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One record batch: ``num_rows``, ``path`` (its file), ``timestamps`` (int64 [num_rows] or
+    None) and ``columns`` (name -> :class:`ColumnKeys`)."""
+
+    path: str
+    num_rows: int
+    timestamps: np.ndarray | None
+    columns: dict
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _is_stringish(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
+            or pa.types.is_binary_view(t))
+
+
+def column_kind(t: pa.DataType) -> tuple[str | None, bool]:
+    """(default encoding, multi-hot) of a sparse column of Arrow type ``t``.
+
+    Returns:
+      (``int`` for integers / floats / decimals / nulls, ``string`` for strings and binaries,
+      None for anything else; whether ``t`` is a list type).
+    """
+    multi = _is_list(t)
+    v = t.value_type if multi else t
+    if pa.types.is_dictionary(v):
+        v = v.value_type
+    if (pa.types.is_integer(v) or pa.types.is_floating(v) or pa.types.is_decimal(v)
+            or pa.types.is_null(v)):
+        return "int", multi
+    if _is_stringish(v):
+        return "string", multi
+    return None, multi
+
+
+def column_keys(array: pa.Array, encoding: str, multi_hot: bool,
+                row_times: np.ndarray | None = None) -> ColumnKeys:
+    """The keys of one Arrow column (see the module docstring for what is missing).
+
+    Args:
+      array: pyarrow array of n rows: values, or lists of values when ``multi_hot``.
+      encoding: ``int`` | ``hex`` | ``string`` (see :func:`text_kernels.encode_keys`).
+      multi_hot: ``array`` holds lists.
+      row_times: int64 [n], each row's time, or None.
+
+    Returns:
+      A :class:`ColumnKeys`.
+
+    Raises:
+      ValueError / TypeError: values that ``encoding`` cannot read (from ``encode_keys``).
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n = len(array)
+    if not multi_hot:
+        if encoding == "int":
+            valid = array.drop_null() if array.null_count else array
+            keys = text_kernels.encode_keys(valid, "int")
+            mask = None if not array.null_count else \
+                array.is_valid().to_numpy(zero_copy_only=False)
+        else:
+            keys = text_kernels.encode_keys(array, encoding)
+            mask = keys != -1
+            if mask.all():
+                mask = None
+            else:
+                keys = keys[mask]
+        times = None
+        if row_times is not None:
+            times = row_times if mask is None else row_times[mask]
+        return ColumnKeys(keys, None, n - keys.shape[0], times)
+
+    values = pc.list_flatten(array)
+    keys = text_kernels.encode_keys(values, encoding)
+    if encoding == "int":
+        drop = values.null_count > 0
+        keep = values.is_valid().to_numpy(zero_copy_only=False) if drop else None
+    else:
+        keep = keys != -1
+        drop = not keep.all()
+    null_rows = array.null_count
+    parent = None
+    if drop or row_times is not None:
+        parent = pc.list_parent_indices(array).to_numpy().astype(np.int64, copy=False)
+    if drop:
+        keys = keys[keep]
+        parent = parent[keep]
+        lengths = np.bincount(parent, minlength=n).astype(np.int64)
+        if null_rows:
+            lengths = lengths[array.is_valid().to_numpy(zero_copy_only=False)]
+    else:
+        lengths = pc.list_value_length(array)
+        if null_rows:
+            lengths = lengths.drop_null()
+        lengths = lengths.to_numpy().astype(np.int64, copy=False)
+    times = row_times[parent] if row_times is not None else None
+    return ColumnKeys(keys, lengths, int(null_rows), times)
+
+
+def timestamp_values(array: pa.Array) -> np.ndarray:
+    """int64 [n] times of a timestamp column: integers, or Arrow timestamps as their count of
+    units; nulls read 0.
+
+    Raises:
+      ValueError: a column of another type.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    t = array.type
+    if not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
+        raise ValueError(f"a timestamp column must hold integers or timestamps; this one has "
+                         f"type {t}")
+    if t != pa.int64():
+        try:
+            array = array.cast(pa.int64())
+        except pa.ArrowInvalid as err:
+            raise ValueError(f"timestamps cannot be read as int64: {err}") from None
+    if array.null_count:
+        array = pc.fill_null(array, 0)
+    return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _describe(kind) -> str:
+    what = "integers" if kind[0] == "int" else "strings"
+    return f"lists of {what}" if kind[1] else what
+
+
+class ParquetSource:
+    """Checked Parquet files whose sparse columns are streamed by :meth:`batches`.
+
+    Attributes:
+      paths: the paths as given.
+      files: the files they name, in reading order.
+      columns: the sparse columns, in the given order.
+      timestamp: the timestamp column or None.
+      kinds: column -> (encoding, multi_hot).
+    """
+
+    def __init__(self, paths, columns, timestamp: str | None = None,
+                 encodings: dict | None = None):
+        """Opens and checks every file.
+
+        Args:
+          paths: a path (str or path-like) or a list of them: Parquet files, directories
+            (every file below, names starting with '.' or '_' skipped) and globs.
+          columns: sparse column names (a non-empty list of distinct names).
+          timestamp: the timestamp column, or None.
+          encodings: column -> ``int`` | ``hex`` | ``string``, overriding the default (``int``
+            for integer columns, ``string`` for string columns).
+
+        Raises:
+          ValueError: no columns or repeated ones; a path that names no file; a file that is
+            not Parquet (names it); a column that a file lacks (names the file, the column and
+            the columns it has); a column whose type cannot hold keys, or that changes between
+            integers and strings or lists and values from one file to the next; an unknown
+            encoding or an encoding given for a column not read.
+        """
+        import pyarrow.dataset as ds
+
+        if isinstance(columns, str) or not columns:
+            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
+                             f"Received: {columns!r}")
+        columns = [str(c) for c in columns]
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise ValueError(f"Argument `columns` names {', '.join(map(repr, repeated))} more "
+                             f"than once.")
+        encodings = dict(encodings or {})
+        for name, enc in encodings.items():
+            if name not in columns:
+                raise ValueError(f"Argument `encodings` names {name!r}, not a sparse column "
+                                 f"({', '.join(columns)}).")
+            if enc not in text_kernels.ENCODINGS:
+                raise ValueError(f"Invalid encoding for column {name!r}: {enc!r}, use one of "
+                                 f"{', '.join(text_kernels.ENCODINGS)}.")
+        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
+            [os.fspath(p) for p in paths]
+        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.columns = columns
+        self.timestamp = timestamp
+        plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
+                                      single=tuple((c, "int") for c in columns), multi=(),
+                                      timestamp=timestamp)
+        self._read = list(plan.names)
+        self.kinds: dict[str, tuple[str, bool]] = {}
+        first: dict[str, tuple[str, bool]] = {}   # column -> (default encoding, multi-hot)
+        self._fragments = []
+        for path in self.files:
+            try:
+                fragment = next(iter(ds.dataset(path, format="parquet").get_fragments()))
+                schema = fragment.physical_schema
+            except (pa.ArrowException, OSError, StopIteration) as err:
+                raise ValueError(f"{path}: cannot read as Parquet: {err}") from None
+            job_readers.check_columns(schema.names, plan, path)
+            for name in columns:
+                t = schema.field(name).type
+                kind = column_kind(t)
+                if kind[0] is None:
+                    raise ValueError(f"{path}: column {name!r} has type {t}; a sparse column "
+                                     f"must hold integers or strings, or lists of them.")
+                if first.setdefault(name, kind) != kind:
+                    raise ValueError(f"{path}: column {name!r} has type {t}; earlier files "
+                                     f"hold {_describe(first[name])}.")
+                self.kinds[name] = (encodings.get(name, kind[0]), kind[1])
+            if timestamp is not None:
+                t = schema.field(timestamp).type
+                if not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
+                    raise ValueError(f"{path}: column {timestamp!r}: a timestamp column must "
+                                     f"hold integers or timestamps; this one has type {t}.")
+            self._fragments.append((path, fragment))
+
+    def batches(self):
+        """Yields a :class:`Batch` per non-empty record batch, file by file in order.
+
+        Raises:
+          ValueError: a file that cannot be read, or a column whose values its encoding cannot
+            read (names the file and the column).
+        """
+        for path, fragment in self._fragments:
+            try:
+                for batch in fragment.to_batches(columns=self._read,
+                                                 batch_size=job_readers.READ_ROWS):
+                    if batch.num_rows:
+                        yield self._convert(path, batch)
+            except (pa.ArrowException, OSError) as err:
+                raise ValueError(f"{path}: cannot read as Parquet: {err}") from None
+
+    def _convert(self, path: str, batch: pa.RecordBatch) -> Batch:
+        times = None
+        if self.timestamp is not None:
+            try:
+                times = timestamp_values(batch.column(self.timestamp))
+            except ValueError as err:
+                raise ValueError(f"{path}: column {self.timestamp!r}: {err}.") from None
+        columns = {}
+        for name in self.columns:
+            encoding, multi = self.kinds[name]
+            try:
+                columns[name] = column_keys(batch.column(name), encoding, multi, times)
+            except (TypeError, ValueError, pa.ArrowException) as err:
+                raise ValueError(f"{path}: column {name!r} (encoding {encoding}): {err}") \
+                    from None
+        return Batch(path, batch.num_rows, times, columns)
+
+
+def open_parquet(paths, columns, timestamp: str | None = None,
+                 encodings: dict | None = None) -> ParquetSource:
+    """Opens and checks Parquet files for streaming; see :class:`ParquetSource`.
+
+    Raises:
+      ValueError: as :class:`ParquetSource`.
+    """
+    return ParquetSource(paths, columns, timestamp, encodings)
