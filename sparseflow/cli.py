@@ -4,7 +4,8 @@
     sparseflow train    CONFIG [--set KEY=VALUE ...] [--out DIR] [--no-progress]
     sparseflow eval     CONFIG --checkpoint PATH [--set ...]
     sparseflow export   CONFIG --checkpoint PATH --out DIR [--set ...]
-    sparseflow stats    ...   (the offline feature-stats job; arrives with its own issue)
+    sparseflow stats    DATA ... --sparse C1,C2 [--timestamp COL] [--out DIR] [options]
+    sparseflow stats    --config CONFIG [--set ...] [--out DIR] [options]
 
 Exit status: 0 success, 2 invalid configuration or arguments, 1 any other failure.
 """
@@ -49,18 +50,80 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True,
                         help="a checkpoint prefix or a directory holding checkpoints")
     export.add_argument("--out", required=True, help="the SavedModel directory (new or empty)")
-    stats = commands.add_parser("stats", help="Offline feature statistics (not yet available).")
-    stats.add_argument("args", nargs=argparse.REMAINDER)
+    stats_help = ("Offline feature statistics over Parquet: distinct keys, skew, what each "
+                  "admission threshold keeps, keys alive in an eviction window, table memory.")
+    stats = commands.add_parser("stats", help=stats_help, description=stats_help)
+    stats.add_argument("data", nargs="*", help="Parquet files, directories or globs")
+    stats.add_argument("--sparse", help="the columns to describe, comma-separated (C1,C2,...)")
+    stats.add_argument("--timestamp", help="the timestamp column (for --eviction-window)")
+    stats.add_argument("--config", help="take the data, sparse columns, timestamp, dim and "
+                                        "optimizer from a job's YAML file (Parquet source)")
+    stats.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a --config value (repeatable)")
+    stats.add_argument("--out", default="feature_stats",
+                       help="output directory for stats.json and stats.md (default: %(default)s)")
+    stats.add_argument("--top-k", type=int, default=20, help="keys listed per feature")
+    stats.add_argument("--max-threshold", type=int, default=10,
+                       help="report admission thresholds 1..N")
+    stats.add_argument("--eviction-window", type=int,
+                       help="report the keys seen within this many timestamp units of the end")
+    stats.add_argument("--dim", type=int, help="embedding dim for the memory estimate "
+                                               "(default 16, or the config's)")
+    stats.add_argument("--optimizer", choices=("sgd", "adagrad", "adam", "ftrl"),
+                       help="sparse optimizer for the memory estimate (default adam, or the "
+                            "config's)")
     return parser
+
+
+def _stats(args) -> int:
+    """``sparseflow stats``: the feature-stats job (``sparseflow/stats/``)."""
+    from sparseflow.stats.job import compute_stats, write_outputs
+
+    data, sparse, timestamp = list(args.data), args.sparse, args.timestamp
+    dim, optimizer, encodings = args.dim, args.optimizer, None
+    if args.config:
+        from sparseflow.jobs.schema import ConfigError, load_config
+
+        try:
+            cfg = load_config(args.config, list(args.overrides))
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        if cfg.data.source != "parquet":
+            print(f"error: {args.config}: sparseflow stats reads Parquet sources; this job's "
+                  f"data.source is {cfg.data.source!r}", file=sys.stderr)
+            return EXIT_USAGE
+        data = data or list(cfg.data.train)
+        sparse = sparse or ",".join(c.name for c in cfg.columns.sparse)
+        encodings = {c.name: c.encoding for c in cfg.columns.sparse}
+        timestamp = timestamp or cfg.columns.timestamp
+        dim = dim or max(t.dim for t in cfg.tables)
+        name = cfg.sparse_optimizer.name.lower()
+        optimizer = optimizer or {"lazy_adam": "adam"}.get(name, name)
+    if not data or not sparse:
+        print("error: sparseflow stats needs DATA and --sparse, or --config", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        doc = compute_stats(data, sparse, timestamp=timestamp, top_k=args.top_k,
+                            max_threshold=args.max_threshold,
+                            eviction_window=args.eviction_window, dim=dim or 16,
+                            optimizer=optimizer or "adam", encodings=encodings)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    paths = write_outputs(doc, args.out)
+    for name, feature in doc["features"].items():
+        print(f"{name}: {feature['distinct_keys']:,} distinct keys in {feature['total_keys']:,}"
+              f" ({100 * feature['singleton_share']:.1f}% seen once)")
+    print(f"wrote {paths['json']} and {paths['markdown']}")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = _parser().parse_args(argv)
     if args.command == "stats":
-        print("sparseflow stats: the offline feature-stats job is not part of this release yet "
-              "(it is tracked as its own issue).", file=sys.stderr)
-        return EXIT_USAGE
+        return _stats(args)
 
     from sparseflow.jobs.schema import ConfigError, load_config
 

@@ -289,9 +289,72 @@ def test_cli_missing_file(tmp_path, capsys):
     assert "none.yaml" in capsys.readouterr().err
 
 
-def test_cli_stats_hands_off(capsys):
-    assert cli.main(["stats", "data.parquet"]) == 2
-    assert "feature-stats" in capsys.readouterr().err
+def _stats_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(4)
+    item = (rng.zipf(1.3, 3000) % 500).astype(np.int64)
+    tags = [[f"t{j}" for j in rng.integers(0, 30, rng.integers(0, 3))] for _ in range(3000)]
+    ts = np.repeat(np.arange(30, dtype=np.int64) * 100, 100)
+    (tmp_path / "data").mkdir()
+    table = pa.table({"item": item, "tags": pa.array(tags, pa.list_(pa.string())), "ts": ts,
+                      "label": np.zeros(3000, np.float32)})
+    pq.write_table(table.slice(0, 1500), tmp_path / "data" / "a.parquet")
+    pq.write_table(table.slice(1500), tmp_path / "data" / "b.parquet")
+    return item, tags, ts
+
+
+def test_cli_stats_over_parquet_writes_json_and_markdown(tmp_path, capsys):
+    item, tags, ts = _stats_parquet(tmp_path)
+    out = tmp_path / "stats"
+    assert cli.main(["stats", str(tmp_path / "data"), "--sparse", "item,tags", "--timestamp",
+                     "ts", "--eviction-window", "500", "--max-threshold", "3", "--dim", "8",
+                     "--optimizer", "adagrad", "--out", str(out)]) == 0
+    doc = json.loads((out / "stats.json").read_text())
+    assert (doc["schema"], doc["version"]) == ("sparseflow.feature_stats", 1)
+    keys, counts = np.unique(item, return_counts=True)
+    f = doc["features"]["item"]
+    assert (f["rows"], f["total_keys"], f["distinct_keys"]) == (3000, 3000, keys.shape[0])
+    assert [t["keys_kept"] for t in f["thresholds"]] == [int((counts >= t).sum())
+                                                         for t in (1, 2, 3)]
+    assert f["memory"]["bytes_at_threshold"]["2"] == int((counts >= 2).sum()) * 8 * 2 * 4
+    alive = {k for k, t in zip(item.tolist(), ts.tolist()) if ts.max() - t < 500}
+    assert f["eviction"]["keys_alive"] == len(alive)
+    assert doc["features"]["tags"]["distinct_keys"] == len({t for row in tags for t in row})
+    assert "item" in (out / "stats.md").read_text()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_stats_takes_columns_from_a_job_config(tmp_path, capsys):
+    item, _, _ = _stats_parquet(tmp_path)
+    config = tmp_path / "job.yaml"
+    config.write_text(f"""
+data: {{source: parquet, train: {tmp_path / 'data'}, eval: {tmp_path / 'data'}}}
+columns: {{labels: label, sparse: {{item: {{}}, tags: {{encoding: string, length: 2}}}}}}
+tables: {{defaults: {{dim: 12, vocabulary_size: 1000}}, item: {{}}, tags: {{}}}}
+features: {{item: {{}}, tags: {{}}}}
+optimizer: {{sparse: {{name: lazy_adam, learning_rate: 0.01}},
+            dense: {{name: sgd, learning_rate: 0.01}}}}
+model: {{name: wide_deep, deep_mlp: [4]}}
+schedule: {{batch_size: 64, max_steps: 1}}
+output: {{dir: {tmp_path / 'run'}}}
+""")
+    out = tmp_path / "stats"
+    assert cli.main(["stats", "--config", str(config), "--out", str(out)]) == 0
+    doc = json.loads((out / "stats.json").read_text())
+    assert sorted(doc["features"]) == ["item", "tags"]
+    memory = doc["features"]["item"]["memory"]
+    assert (memory["dim"], memory["optimizer"]) == (12, "adam")
+    assert doc["features"]["item"]["distinct_keys"] == np.unique(item).shape[0]
+
+
+def test_cli_stats_usage_errors(tmp_path, capsys):
+    assert cli.main(["stats", str(tmp_path)]) == 2
+    assert "needs DATA and --sparse" in capsys.readouterr().err
+    _stats_parquet(tmp_path)
+    assert cli.main(["stats", str(tmp_path / "data"), "--sparse", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
 
 
 def test_the_console_script_is_installed():
