@@ -53,11 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     stats_help = ("Offline feature statistics over Parquet: distinct keys, skew, what each "
                   "admission threshold keeps, keys alive in an eviction window, table memory.")
     stats = commands.add_parser("stats", help=stats_help, description=stats_help)
-    stats.add_argument("data", nargs="*", help="Parquet files, directories or globs")
+    stats.add_argument("data", nargs="*", help="data files, directories or globs")
+    stats.add_argument("--format", dest="fmt", choices=("parquet", "csv", "criteo_tsv"),
+                       help="the files' format (default parquet, or the config's source)")
+    stats.add_argument("--delimiter", default=",", help="CSV field separator (--format csv)")
     stats.add_argument("--sparse", help="the columns to describe, comma-separated (C1,C2,...)")
     stats.add_argument("--timestamp", help="the timestamp column (for --eviction-window)")
-    stats.add_argument("--config", help="take the data, sparse columns, timestamp, dim and "
-                                        "optimizer from a job's YAML file (Parquet source)")
+    stats.add_argument("--config", help="take the data, format, sparse columns, timestamp, "
+                                        "dim and optimizer from a job's YAML file")
     stats.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a --config value (repeatable)")
     stats.add_argument("--out", default="feature_stats",
@@ -81,6 +84,7 @@ def _stats(args) -> int:
 
     data, sparse, timestamp = list(args.data), args.sparse, args.timestamp
     dim, optimizer, encodings = args.dim, args.optimizer, None
+    fmt, delimiter = args.fmt, args.delimiter
     if args.config:
         from sparseflow.jobs.schema import ConfigError, load_config
 
@@ -89,10 +93,13 @@ def _stats(args) -> int:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        if cfg.data.source != "parquet":
-            print(f"error: {args.config}: sparseflow stats reads Parquet sources; this job's "
-                  f"data.source is {cfg.data.source!r}", file=sys.stderr)
+        if cfg.data.source not in ("parquet", "csv", "criteo_tsv"):
+            print(f"error: {args.config}: sparseflow stats reads parquet, csv and criteo_tsv "
+                  f"sources; this job's data.source is {cfg.data.source!r}", file=sys.stderr)
             return EXIT_USAGE
+        fmt = fmt or cfg.data.source
+        if cfg.data.source == "csv":
+            delimiter = cfg.data.csv.delimiter
         data = data or list(cfg.data.train)
         sparse = sparse or ",".join(c.name for c in cfg.columns.sparse)
         encodings = {c.name: c.encoding for c in cfg.columns.sparse}
@@ -107,7 +114,8 @@ def _stats(args) -> int:
         doc = compute_stats(data, sparse, timestamp=timestamp, top_k=args.top_k,
                             max_threshold=args.max_threshold,
                             eviction_window=args.eviction_window, dim=dim or 16,
-                            optimizer=optimizer or "adam", encodings=encodings)
+                            optimizer=optimizer or "adam", encodings=encodings,
+                            fmt=fmt or "parquet", delimiter=delimiter)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -342,3 +342,43 @@ def test_option_errors(dataset):
         compute_stats(root, ["zipf"], max_threshold=0)
     with pytest.raises(ValueError, match="more than once"):
         compute_stats(root, ["zipf", "zipf"])
+
+
+def test_criteo_tsv_and_csv_sources_count_as_numpy(tmp_path):
+    from sparseflow.stats.job import compute_stats
+
+    rng = np.random.default_rng(11)
+    n = 2000
+    c1 = rng.zipf(1.4, n) % 300
+    c2 = rng.integers(0, 50, n)
+    lines = []
+    for i in range(n):
+        dense = "\t".join(str(int(v)) for v in rng.integers(0, 9, 13))
+        cats = ["" if (j == 1 and i % 10 == 0) else format(int(v), "08x")
+                for j, v in enumerate([c1[i], c2[i]] + [7] * 24)]
+        lines.append("\t".join(["1", dense, *cats]))
+    (tmp_path / "day_0").write_text("\n".join(lines[:1200]) + "\n")
+    (tmp_path / "day_1").write_text("\n".join(lines[1200:]) + "\n")
+    doc = compute_stats([str(tmp_path / "day_0"), str(tmp_path / "day_1")], "C1,C2",
+                        max_threshold=3, fmt="criteo_tsv")
+    assert doc["source"]["format"] == "criteo_tsv"
+    for name, values, nulls in (("C1", c1, np.zeros(n, bool)),
+                                ("C2", c2, np.arange(n) % 10 == 0)):
+        f = doc["features"][name]
+        keys, counts = np.unique(values[~nulls], return_counts=True)
+        assert (f["rows"], f["null_rows"], f["total_keys"], f["distinct_keys"]) == (
+            n, int(nulls.sum()), int((~nulls).sum()), keys.shape[0])
+        assert [t["keys_kept"] for t in f["thresholds"]] == [int((counts >= t).sum())
+                                                             for t in (1, 2, 3)]
+        assert f["singleton_keys"] == int((counts == 1).sum())
+    csv = tmp_path / "plain.csv"
+    csv.write_text("user;ts\n" + "\n".join(f"{u};{t}" for u, t in zip(c1, range(n))) + "\n")
+    doc = compute_stats(str(csv), ["user"], timestamp="ts", eviction_window=100, fmt="csv",
+                        delimiter=";")
+    f = doc["features"]["user"]
+    assert f["distinct_keys"] == np.unique(c1).shape[0]
+    assert f["eviction"]["keys_alive"] == np.unique(c1[n - 100:]).shape[0]
+    with pytest.raises(ValueError, match=r"plain.csv: no column 'nope'; its columns: user, ts"):
+        compute_stats(str(csv), ["nope"], fmt="csv", delimiter=";")
+    with pytest.raises(ValueError, match=r"Argument `fmt` must be one of"):
+        compute_stats(str(csv), ["user"], fmt="json")

@@ -20,7 +20,8 @@ MARKDOWN_NAME = "stats.md"
 
 def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: int = 20,
                   max_threshold: int = 10, eviction_window: int | None = None, dim: int = 16,
-                  optimizer: str = "adam", *, encodings: dict | None = None) -> dict:
+                  optimizer: str = "adam", *, encodings: dict | None = None,
+                  fmt: str = "parquet", delimiter: str = ",") -> dict:
     """Exact statistics of sparse feature columns of Parquet data.
 
     Args:
@@ -38,6 +39,9 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
       dim: embedding dimension for the memory estimate, >= 1.
       optimizer: ``sgd`` | ``adagrad`` | ``adam`` | ``ftrl`` (0, 1, 2, 2 slots per row).
       encodings: column -> ``int`` | ``hex`` | ``string``, overriding the default encoding.
+      fmt: ``parquet``, ``csv`` (a header row, ``delimiter``) or ``criteo_tsv`` (Criteo's
+        layout: label, I1..I13, C1..C26 in hex, tab-separated, no header).
+      delimiter: the CSV field separator.
 
     Returns:
       The stats document (a JSON-ready dict; see :mod:`sparseflow.stats.report`).
@@ -52,7 +56,7 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
     check_options(top_k, max_threshold, eviction_window, dim, optimizer)
     if eviction_window is not None and timestamp is None:
         raise ValueError("Argument `eviction_window` needs a `timestamp` column.")
-    source = readers.open_parquet(paths, sparse_columns, timestamp, encodings)
+    source = readers.open_source(paths, sparse_columns, timestamp, encodings, fmt, delimiter)
     timed = eviction_window is not None
     counters = {name: FeatureCounter(timed=timed) for name in source.columns}
     rows = 0
@@ -70,7 +74,7 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
         encoding, multi_hot = source.kinds[name]
         features[name] = counter.result(top_k, max_threshold, eviction_window, dim, optimizer,
                                         clock=clock, encoding=encoding, multi_hot=multi_hot)
-    info = {"format": "parquet", "mode": "exact", "paths": [str(p) for p in source.paths],
+    info = {"format": fmt, "mode": "exact", "paths": [str(p) for p in source.paths],
             "files": list(source.files), "rows": rows, "timestamp": timestamp,
             "clock": clock}
     return report.build_document(info, features)

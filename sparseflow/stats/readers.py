@@ -282,21 +282,32 @@ class ParquetSource:
                 raise ValueError(f"{path}: cannot read as Parquet: {err}") from None
 
     def _convert(self, path: str, batch: pa.RecordBatch) -> Batch:
-        times = None
-        if self.timestamp is not None:
-            try:
-                times = timestamp_values(batch.column(self.timestamp))
-            except ValueError as err:
-                raise ValueError(f"{path}: column {self.timestamp!r}: {err}.") from None
-        columns = {}
-        for name in self.columns:
-            encoding, multi = self.kinds[name]
-            try:
-                columns[name] = column_keys(batch.column(name), encoding, multi, times)
-            except (TypeError, ValueError, pa.ArrowException) as err:
-                raise ValueError(f"{path}: column {name!r} (encoding {encoding}): {err}") \
-                    from None
-        return Batch(path, batch.num_rows, times, columns)
+        return to_batch(path, batch, self.columns, self.kinds, self.timestamp)
+
+
+def to_batch(path: str, batch: pa.RecordBatch, columns, kinds: dict,
+             timestamp: str | None) -> Batch:
+    """The :class:`Batch` of one Arrow record batch of ``path``: each of ``columns`` read with
+    its ``kinds[name]`` (encoding, multi_hot), row times from ``timestamp``.
+
+    Raises:
+      ValueError: values a column's encoding cannot read (names the file and the column).
+    """
+    times = None
+    if timestamp is not None:
+        try:
+            times = timestamp_values(batch.column(timestamp))
+        except ValueError as err:
+            raise ValueError(f"{path}: column {timestamp!r}: {err}.") from None
+    out = {}
+    for name in columns:
+        encoding, multi = kinds[name]
+        try:
+            out[name] = column_keys(batch.column(name), encoding, multi, times)
+        except (TypeError, ValueError, pa.ArrowException) as err:
+            raise ValueError(f"{path}: column {name!r} (encoding {encoding}): {err}") \
+                from None
+    return Batch(path, batch.num_rows, times, out)
 
 
 def open_parquet(paths, columns, timestamp: str | None = None,
@@ -307,3 +318,115 @@ def open_parquet(paths, columns, timestamp: str | None = None,
       ValueError: as :class:`ParquetSource`.
     """
     return ParquetSource(paths, columns, timestamp, encodings)
+
+
+class CsvSource:
+    """Checked CSV or Criteo TSV files whose sparse columns are streamed by :meth:`batches`
+    (the same batches as :class:`ParquetSource`).
+
+    Criteo TSV (``criteo=True``): no header, tab-separated, columns ``label, I1..I13,
+    C1..C26``; the ``C`` columns hold hex keys (encoding ``hex`` by default). Plain CSV: a
+    header row names the columns, ``delimiter`` separates them; columns are read as int64
+    keys unless ``encodings`` says ``hex`` or ``string``. An empty field is missing.
+
+    Attributes: ``paths``, ``files``, ``columns``, ``timestamp``, ``kinds`` (column ->
+    (encoding, multi_hot=False)), as :class:`ParquetSource`.
+    """
+
+    def __init__(self, paths, columns, timestamp: str | None = None,
+                 encodings: dict | None = None, *, criteo: bool = False,
+                 delimiter: str = ","):
+        """Opens every file and checks its columns.
+
+        Raises:
+          ValueError: no columns or repeated ones; a path that names no file; a file that
+            cannot be parsed or lacks a column (names the file, the column and the columns it
+            has); an unknown encoding.
+        """
+        import pyarrow.csv as pcsv
+
+        if isinstance(columns, str) or not columns:
+            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
+                             f"Received: {columns!r}")
+        columns = [str(c) for c in columns]
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise ValueError(f"Argument `columns` names {', '.join(map(repr, repeated))} more "
+                             f"than once.")
+        encodings = dict(encodings or {})
+        for name, enc in encodings.items():
+            if enc not in text_kernels.ENCODINGS:
+                raise ValueError(f"Invalid encoding for column {name!r}: {enc!r}, use one of "
+                                 f"{', '.join(text_kernels.ENCODINGS)}.")
+        default = "hex" if criteo else "int"
+        self.kinds = {c: (encodings.get(c, default if c.startswith("C") or not criteo
+                                        else "int"), False) for c in columns}
+        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
+            [os.fspath(p) for p in paths]
+        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.columns = columns
+        self.timestamp = timestamp
+        self._format = "criteo_tsv" if criteo else "csv"
+        if criteo:
+            read = pcsv.ReadOptions(column_names=list(job_readers.CRITEO_COLUMNS),
+                                    block_size=job_readers.CSV_BLOCK_BYTES)
+            parse = pcsv.ParseOptions(delimiter="\t", quote_char=False)
+        else:
+            read = pcsv.ReadOptions(block_size=job_readers.CSV_BLOCK_BYTES)
+            parse = pcsv.ParseOptions(delimiter=delimiter)
+        types = {c: (pa.int64() if enc == "int" else pa.string())
+                 for c, (enc, _) in self.kinds.items()}
+        if timestamp is not None:
+            types[timestamp] = pa.int64()
+        wanted = columns + ([timestamp] if timestamp is not None else [])
+        for path in self.files:
+            try:
+                names = pcsv.open_csv(path, read_options=read, parse_options=parse,
+                                      convert_options=pcsv.ConvertOptions(
+                                          column_types=types)).schema.names
+            except (pa.ArrowException, OSError) as err:
+                raise ValueError(f"{path}: cannot read as {self._format}: {err}") from None
+            missing = [c for c in wanted if c not in names]
+            if missing:
+                raise ValueError(f"{path}: no column {missing[0]!r}; its columns: "
+                                 f"{', '.join(names)}")
+        self._options = (read, parse, pcsv.ConvertOptions(column_types=types,
+                                                          include_columns=wanted))
+
+    def batches(self):
+        """Yields a :class:`Batch` per non-empty block, file by file in order.
+
+        Raises:
+          ValueError: a file that cannot be parsed, or values a column's encoding cannot
+            read (names the file and the column).
+        """
+        import pyarrow.csv as pcsv
+
+        read, parse, convert = self._options
+        for path in self.files:
+            try:
+                reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
+                                       convert_options=convert)
+                for batch in reader:
+                    if batch.num_rows:
+                        yield to_batch(path, batch, self.columns, self.kinds,
+                                       self.timestamp)
+            except (pa.ArrowException, OSError) as err:
+                raise ValueError(f"{path}: cannot read as {self._format}: {err}") from None
+
+
+def open_source(paths, columns, timestamp: str | None = None, encodings: dict | None = None,
+                fmt: str = "parquet", delimiter: str = ","):
+    """Opens Parquet (``fmt="parquet"``), CSV (``"csv"``) or Criteo TSV (``"criteo_tsv"``)
+    files for streaming (:class:`ParquetSource`, :class:`CsvSource`).
+
+    Raises:
+      ValueError: an unknown ``fmt``, and the errors of the sources.
+    """
+    if fmt == "parquet":
+        return ParquetSource(paths, columns, timestamp, encodings)
+    if fmt in ("csv", "criteo_tsv"):
+        return CsvSource(paths, columns, timestamp, encodings, criteo=fmt == "criteo_tsv",
+                         delimiter=delimiter)
+    raise ValueError(f"Argument `fmt` must be one of 'parquet', 'csv', 'criteo_tsv'. "
+                     f"Received: {fmt!r}")
