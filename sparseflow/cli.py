@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--format", dest="fmt", choices=("parquet", "csv", "criteo_tsv"),
                        help="the files' format (default parquet, or the config's source)")
     stats.add_argument("--delimiter", default=",", help="CSV field separator (--format csv)")
+    stats.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                       help="files counted in parallel (default: %(default)s)")
+    stats.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     stats.add_argument("--sparse", help="the columns to describe, comma-separated (C1,C2,...)")
     stats.add_argument("--timestamp", help="the timestamp column (for --eviction-window)")
     stats.add_argument("--config", help="take the data, format, sparse columns, timestamp, "
@@ -110,12 +113,20 @@ def _stats(args) -> int:
     if not data or not sparse:
         print("error: sparseflow stats needs DATA and --sparse, or --config", file=sys.stderr)
         return EXIT_USAGE
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int, rows: int) -> None:
+        end = "" if tty and done < total else "\n"
+        print(f"{chr(13) if tty else ''}files {done}/{total}, {rows:,} rows", end=end,
+              file=sys.stderr, flush=True)
+
     try:
         doc = compute_stats(data, sparse, timestamp=timestamp, top_k=args.top_k,
                             max_threshold=args.max_threshold,
                             eviction_window=args.eviction_window, dim=dim or 16,
                             optimizer=optimizer or "adam", encodings=encodings,
-                            fmt=fmt or "parquet", delimiter=delimiter)
+                            fmt=fmt or "parquet", delimiter=delimiter, workers=args.workers,
+                            progress=None if args.no_progress else progress)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

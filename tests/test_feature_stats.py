@@ -382,3 +382,19 @@ def test_criteo_tsv_and_csv_sources_count_as_numpy(tmp_path):
         compute_stats(str(csv), ["nope"], fmt="csv", delimiter=";")
     with pytest.raises(ValueError, match=r"Argument `fmt` must be one of"):
         compute_stats(str(csv), ["user"], fmt="json")
+
+
+def test_files_counted_in_parallel_give_the_same_document(dataset, monkeypatch):
+    root, _ = dataset
+    monkeypatch.setattr(job_readers, "READ_ROWS", 700)
+    one = compute_stats(str(root), list(KINDS), timestamp="ts", eviction_window=50,
+                        max_threshold=4)
+    calls = []
+    two = compute_stats(str(root), list(KINDS), timestamp="ts", eviction_window=50,
+                        max_threshold=4, workers=2,
+                        progress=lambda done, total, rows: calls.append((done, total, rows)))
+    assert two == one
+    assert [(d, t) for d, t, _ in calls] == [(1, 3), (2, 3), (3, 3)]
+    assert calls[-1][2] == one["source"]["rows"]
+    with pytest.raises(ValueError, match=r"Argument `workers` must be an int >= 1"):
+        compute_stats(str(root), list(KINDS), workers=0)

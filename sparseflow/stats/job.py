@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from sparseflow.stats import readers, report
 from sparseflow.stats.counts import FeatureCounter, check_options
@@ -21,7 +22,8 @@ MARKDOWN_NAME = "stats.md"
 def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: int = 20,
                   max_threshold: int = 10, eviction_window: int | None = None, dim: int = 16,
                   optimizer: str = "adam", *, encodings: dict | None = None,
-                  fmt: str = "parquet", delimiter: str = ",") -> dict:
+                  fmt: str = "parquet", delimiter: str = ",", workers: int = 1,
+                  progress=None) -> dict:
     """Exact statistics of sparse feature columns of Parquet data.
 
     Args:
@@ -42,6 +44,11 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
       fmt: ``parquet``, ``csv`` (a header row, ``delimiter``) or ``criteo_tsv`` (Criteo's
         layout: label, I1..I13, C1..C26 in hex, tab-separated, no header).
       delimiter: the CSV field separator.
+      workers: files counted in parallel by this many threads (>= 1), each into its own
+        counters, merged at the end (the numba kernels and pyarrow readers release the GIL).
+        Each thread holds its own key tables: memory grows with ``workers``.
+      progress: None, or ``progress(files_done, files_total, rows_done)``, called after each
+        file.
 
     Returns:
       The stats document (a JSON-ready dict; see :mod:`sparseflow.stats.report`).
@@ -56,19 +63,49 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
     check_options(top_k, max_threshold, eviction_window, dim, optimizer)
     if eviction_window is not None and timestamp is None:
         raise ValueError("Argument `eviction_window` needs a `timestamp` column.")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"Argument `workers` must be an int >= 1. Received: {workers!r}")
     source = readers.open_source(paths, sparse_columns, timestamp, encodings, fmt, delimiter)
     timed = eviction_window is not None
-    counters = {name: FeatureCounter(timed=timed) for name in source.columns}
-    rows = 0
-    clock = None
-    for batch in source.batches():
-        rows += batch.num_rows
-        if batch.timestamps is not None:
-            latest = int(batch.timestamps.max())
-            clock = latest if clock is None else max(clock, latest)
-        for name, col in batch.columns.items():
-            counters[name].update(col.keys, col.row_lengths,
-                                  col.timestamps if timed else None, col.null_rows)
+    files = list(source.files)
+    done = {"files": 0, "rows": 0}
+
+    def count(group: list[str]):
+        """Counts the files of ``group`` into new counters: (counters, rows, clock)."""
+        part = readers.open_source(group, source.columns, timestamp, encodings, fmt,
+                                   delimiter) if group != files else source
+        counters = {name: FeatureCounter(timed=timed) for name in source.columns}
+        rows, clock, current = 0, None, None
+        for batch in part.batches():
+            if progress is not None and batch.path != current:
+                if current is not None:
+                    _file_done(done, progress, len(files))
+                current = batch.path
+            rows += batch.num_rows
+            if batch.timestamps is not None:
+                latest = int(batch.timestamps.max())
+                clock = latest if clock is None else max(clock, latest)
+            for name, col in batch.columns.items():
+                counters[name].update(col.keys, col.row_lengths,
+                                      col.timestamps if timed else None, col.null_rows)
+            done["rows"] += batch.num_rows
+        if progress is not None and current is not None:
+            _file_done(done, progress, len(files))
+        return counters, rows, clock
+
+    groups = [files[i::workers] for i in range(min(workers, len(files)))]
+    if len(groups) == 1:
+        parts = [count(files)]
+    else:
+        with ThreadPoolExecutor(len(groups)) as pool:
+            parts = list(pool.map(count, groups))
+    counters, rows, clock = parts[0]
+    for other, other_rows, other_clock in parts[1:]:
+        for name, counter in counters.items():
+            counter.merge(other[name])
+        rows += other_rows
+        if other_clock is not None:
+            clock = other_clock if clock is None else max(clock, other_clock)
     features = {}
     for name, counter in counters.items():
         encoding, multi_hot = source.kinds[name]
@@ -78,6 +115,11 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
             "files": list(source.files), "rows": rows, "timestamp": timestamp,
             "clock": clock}
     return report.build_document(info, features)
+
+
+def _file_done(done: dict, progress, total: int) -> None:
+    done["files"] += 1
+    progress(done["files"], total, done["rows"])
 
 
 def write_outputs(doc: dict, out_dir) -> dict:
