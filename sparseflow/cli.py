@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                   "admission threshold keeps, keys alive in an eviction window, table memory.")
     stats = commands.add_parser("stats", help=stats_help, description=stats_help)
     stats.add_argument("data", nargs="*", help="data files, directories or globs")
-    stats.add_argument("--format", dest="fmt", choices=("parquet", "csv", "criteo_tsv"),
+    stats.add_argument("--format", dest="fmt", choices=("parquet", "csv", "criteo_tsv", "tfrecord"),
                        help="the files' format (default parquet, or the config's source)")
     stats.add_argument("--delimiter", default=",", help="CSV field separator (--format csv)")
     stats.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
@@ -96,9 +96,10 @@ def _stats(args) -> int:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        if cfg.data.source not in ("parquet", "csv", "criteo_tsv"):
-            print(f"error: {args.config}: sparseflow stats reads parquet, csv and criteo_tsv "
-                  f"sources; this job's data.source is {cfg.data.source!r}", file=sys.stderr)
+        if cfg.data.source not in ("parquet", "csv", "criteo_tsv", "tfrecord"):
+            print(f"error: {args.config}: sparseflow stats reads parquet, csv, criteo_tsv and "
+                  f"tfrecord sources; this job's data.source is {cfg.data.source!r}",
+                  file=sys.stderr)
             return EXIT_USAGE
         fmt = fmt or cfg.data.source
         if cfg.data.source == "csv":

@@ -398,3 +398,34 @@ def test_files_counted_in_parallel_give_the_same_document(dataset, monkeypatch):
     assert calls[-1][2] == one["source"]["rows"]
     with pytest.raises(ValueError, match=r"Argument `workers` must be an int >= 1"):
         compute_stats(str(root), list(KINDS), workers=0)
+
+
+def test_tfrecord_source_counts_as_numpy(tmp_path):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(12)
+    rows = [list(rng.integers(-5, 40, rng.integers(0, 4))) for _ in range(700)]
+    words = [f"w{int(v)}" for v in rng.zipf(1.5, 700) % 60]
+    path = tmp_path / "part.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i, (ids, word) in enumerate(zip(rows, words)):
+            feature = {"word": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[word.encode()])), "ts": tf.train.Feature(
+                int64_list=tf.train.Int64List(value=[i]))}
+            if ids:   # an Example may lack the feature: an empty row
+                feature["ids"] = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature=feature)).SerializeToString())
+    doc = compute_stats(str(path), ["ids", "word"], timestamp="ts", eviction_window=100,
+                        max_threshold=3, fmt="tfrecord")
+    flat = np.array([k for r in rows for k in r])
+    keys, counts = np.unique(flat, return_counts=True)
+    f = doc["features"]["ids"]
+    assert (f["rows"], f["empty_rows"], f["total_keys"], f["distinct_keys"]) == (
+        700, sum(1 for r in rows if not r), flat.shape[0], keys.shape[0])
+    assert [t["keys_kept"] for t in f["thresholds"]] == [int((counts >= t).sum())
+                                                         for t in (1, 2, 3)]
+    assert doc["features"]["word"]["distinct_keys"] == len(set(words))
+    assert doc["features"]["word"]["eviction"]["keys_alive"] == len(set(words[600:]))
+    with pytest.raises(ValueError, match=r"column 'nope'"):
+        compute_stats(str(path), ["nope"], fmt="tfrecord")

@@ -41,8 +41,9 @@ def compute_stats(paths, sparse_columns, timestamp: str | None = None, top_k: in
       dim: embedding dimension for the memory estimate, >= 1.
       optimizer: ``sgd`` | ``adagrad`` | ``adam`` | ``ftrl`` (0, 1, 2, 2 slots per row).
       encodings: column -> ``int`` | ``hex`` | ``string``, overriding the default encoding.
-      fmt: ``parquet``, ``csv`` (a header row, ``delimiter``) or ``criteo_tsv`` (Criteo's
-        layout: label, I1..I13, C1..C26 in hex, tab-separated, no header).
+      fmt: ``parquet``, ``csv`` (a header row, ``delimiter``), ``criteo_tsv`` (Criteo's
+        layout: label, I1..I13, C1..C26 in hex, tab-separated, no header) or ``tfrecord``
+        (``tf.train.Example`` records; every column a list).
       delimiter: the CSV field separator.
       workers: files counted in parallel by this many threads (>= 1), each into its own
         counters, merged at the end (the numba kernels and pyarrow readers release the GIL).

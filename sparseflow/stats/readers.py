@@ -415,10 +415,92 @@ class CsvSource:
                 raise ValueError(f"{path}: cannot read as {self._format}: {err}") from None
 
 
+class TfRecordSource:
+    """TFRecord files of ``tf.train.Example`` whose sparse columns are streamed by
+    :meth:`batches` (the same batches as :class:`ParquetSource`).
+
+    Every feature of an Example is a list, so every column is read as multi-hot: an Example
+    without the feature, or with an empty list, is an empty row. ``int64_list`` features are
+    int keys; ``bytes_list`` ones are hashed (``string``) or parsed as hex (``hex``).
+    Compression follows the file name (``.gz``, ``.zlib``), as for training jobs.
+    """
+
+    def __init__(self, paths, columns, timestamp: str | None = None,
+                 encodings: dict | None = None):
+        """Reads the first records of every file to check the columns.
+
+        Raises:
+          ValueError: no columns or repeated ones; a path that names no file; a file that is
+            not TFRecord of ``tf.train.Example``; a column no record of a file has (names the
+            file and the columns it has); a float column; an encoding its kind cannot read.
+        """
+        if isinstance(columns, str) or not columns:
+            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
+                             f"Received: {columns!r}")
+        columns = [str(c) for c in columns]
+        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
+            [os.fspath(p) for p in paths]
+        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.columns = columns
+        self.timestamp = timestamp
+        plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
+                                      single=tuple((c, "int") for c in columns), multi=(),
+                                      timestamp=timestamp)
+        stored = job_readers.tfrecord_kinds(self.files, plan)
+        encodings = dict(encodings or {})
+        self.kinds = {}
+        for name in columns:
+            kind = stored.get(name, "int64_list")
+            if kind == "float_list":
+                raise ValueError(f"TFRecord column {name!r} is stored as floats; a sparse "
+                                 f"column must hold int64 or bytes lists.")
+            encoding = encodings.get(name, "int" if kind == "int64_list" else "string")
+            if (encoding == "int") != (kind == "int64_list"):
+                raise ValueError(f"TFRecord column {name!r} is stored as {kind}; encoding "
+                                 f"{encoding} cannot read it.")
+            self.kinds[name] = (encoding, True)
+
+    def batches(self):
+        """Yields a :class:`Batch` per block of up to ``READ_ROWS`` records, file by file.
+
+        Raises:
+          ValueError: a record that cannot be parsed (names the file).
+        """
+        import tensorflow as tf
+
+        spec = {name: tf.io.VarLenFeature(tf.int64 if enc == "int" else tf.string)
+                for name, (enc, _) in self.kinds.items()}
+        if self.timestamp is not None:
+            spec[self.timestamp] = tf.io.FixedLenFeature([], tf.int64, default_value=0)
+        for path in self.files:
+            ds = tf.data.TFRecordDataset(path, compression_type=job_readers._compression(path))
+            try:
+                for records in ds.batch(job_readers.READ_ROWS):
+                    parsed = tf.io.parse_example(records, spec)
+                    n = int(records.shape[0])
+                    arrays = {}
+                    for name in self.columns:
+                        sp = parsed[name]
+                        lengths = np.bincount(sp.indices[:, 0].numpy(), minlength=n)
+                        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+                        values = sp.values.numpy()
+                        arrays[name] = pa.ListArray.from_arrays(
+                            pa.array(offsets), pa.array(values.tolist() if values.dtype == object
+                                                        else values))
+                    if self.timestamp is not None:
+                        arrays[self.timestamp] = pa.array(parsed[self.timestamp].numpy())
+                    yield to_batch(path, pa.RecordBatch.from_pydict(arrays), self.columns,
+                                   self.kinds, self.timestamp)
+            except tf.errors.OpError as err:
+                raise ValueError(f"{path}: cannot read as TFRecord of tf.train.Example: "
+                                 f"{err.message}") from None
+
+
 def open_source(paths, columns, timestamp: str | None = None, encodings: dict | None = None,
                 fmt: str = "parquet", delimiter: str = ","):
-    """Opens Parquet (``fmt="parquet"``), CSV (``"csv"``) or Criteo TSV (``"criteo_tsv"``)
-    files for streaming (:class:`ParquetSource`, :class:`CsvSource`).
+    """Opens Parquet (``fmt="parquet"``), CSV (``"csv"``), Criteo TSV (``"criteo_tsv"``) or
+    TFRecord (``"tfrecord"``) files for streaming (:class:`ParquetSource`,
+    :class:`CsvSource`, :class:`TfRecordSource`).
 
     Raises:
       ValueError: an unknown ``fmt``, and the errors of the sources.
@@ -428,5 +510,7 @@ def open_source(paths, columns, timestamp: str | None = None, encodings: dict | 
     if fmt in ("csv", "criteo_tsv"):
         return CsvSource(paths, columns, timestamp, encodings, criteo=fmt == "criteo_tsv",
                          delimiter=delimiter)
-    raise ValueError(f"Argument `fmt` must be one of 'parquet', 'csv', 'criteo_tsv'. "
-                     f"Received: {fmt!r}")
+    if fmt == "tfrecord":
+        return TfRecordSource(paths, columns, timestamp, encodings)
+    raise ValueError(f"Argument `fmt` must be one of 'parquet', 'csv', 'criteo_tsv', "
+                     f"'tfrecord'. Received: {fmt!r}")
