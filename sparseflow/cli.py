@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                        help="files counted in parallel (default: %(default)s)")
     stats.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    stats.add_argument("--approx", action="store_true",
+                       help="approximate mode: fixed memory per feature (HyperLogLog, "
+                            "count-min, a key sample) for key sets larger than memory")
+    stats.add_argument("--suggest", metavar="BUDGET",
+                       help="also write suggested_tables.yaml: thresholds and vocabulary sizes "
+                            "whose tables fit this memory budget (e.g. 8GiB, 512M, 1e9)")
     stats.add_argument("--sparse", help="the columns to describe, comma-separated (C1,C2,...)")
     stats.add_argument("--timestamp", help="the timestamp column (for --eviction-window)")
     stats.add_argument("--config", help="take the data, format, sparse columns, timestamp, "
@@ -127,15 +133,25 @@ def _stats(args) -> int:
                             eviction_window=args.eviction_window, dim=dim or 16,
                             optimizer=optimizer or "adam", encodings=encodings,
                             fmt=fmt or "parquet", delimiter=delimiter, workers=args.workers,
-                            progress=None if args.no_progress else progress)
+                            progress=None if args.no_progress else progress,
+                            mode="approximate" if args.approx else "exact")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    paths = write_outputs(doc, args.out)
+    suggestion = None
+    if args.suggest:
+        from sparseflow.stats.suggest import parse_budget, suggest
+
+        try:
+            suggestion = suggest(doc, parse_budget(args.suggest))
+        except ValueError as e:
+            print(f"error: --suggest {args.suggest}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    paths = write_outputs(doc, args.out, suggestion)
     for name, feature in doc["features"].items():
         print(f"{name}: {feature['distinct_keys']:,} distinct keys in {feature['total_keys']:,}"
               f" ({100 * feature['singleton_share']:.1f}% seen once)")
-    print(f"wrote {paths['json']} and {paths['markdown']}")
+    print("wrote " + ", ".join(paths.values()))
     return EXIT_OK
 
 

@@ -310,7 +310,8 @@ def test_cli_stats_over_parquet_writes_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "stats"
     assert cli.main(["stats", str(tmp_path / "data"), "--sparse", "item,tags", "--timestamp",
                      "ts", "--eviction-window", "500", "--max-threshold", "3", "--dim", "8",
-                     "--optimizer", "adagrad", "--workers", "2", "--out", str(out)]) == 0
+                     "--optimizer", "adagrad", "--workers", "2", "--suggest", "20K",
+                     "--out", str(out)]) == 0
     doc = json.loads((out / "stats.json").read_text())
     assert (doc["schema"], doc["version"]) == ("sparseflow.feature_stats", 1)
     keys, counts = np.unique(item, return_counts=True)
@@ -323,6 +324,10 @@ def test_cli_stats_over_parquet_writes_json_and_markdown(tmp_path, capsys):
     assert f["eviction"]["keys_alive"] == len(alive)
     assert doc["features"]["tags"]["distinct_keys"] == len({t for row in tags for t in row})
     assert "item" in (out / "stats.md").read_text()
+    assert (out / "stats.html").read_text().count("<svg") == 4   # 2 plots per feature
+    import yaml
+    fragment = yaml.safe_load((out / "suggested_tables.yaml").read_text())
+    assert sum(t["vocabulary_size"] * 8 * 2 * 4 for t in fragment["tables"].values()) <= 20480
     captured = capsys.readouterr()
     assert "wrote" in captured.out
     assert "files 2/2, 3,000 rows" in captured.err    # progress, one line per file

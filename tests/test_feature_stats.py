@@ -429,3 +429,28 @@ def test_tfrecord_source_counts_as_numpy(tmp_path):
     assert doc["features"]["word"]["eviction"]["keys_alive"] == len(set(words[600:]))
     with pytest.raises(ValueError, match=r"column 'nope'"):
         compute_stats(str(path), ["nope"], fmt="tfrecord")
+
+
+def test_the_approximate_mode_is_within_its_documented_error(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(21)
+    for part in range(2):   # ~120k distinct keys: past the sample, so estimates are used
+        keys = (rng.zipf(1.1, 400_000) * 2654435761 % 2**40).astype(np.int64)
+        pq.write_table(pa.table({"k": keys}), tmp_path / f"p{part}.parquet")
+    exact = compute_stats(str(tmp_path), ["k"], max_threshold=5)
+    approx = compute_stats(str(tmp_path), ["k"], max_threshold=5, mode="approximate",
+                           workers=2)
+    e, a = exact["features"]["k"], approx["features"]["k"]
+    assert approx["source"]["mode"] == "approximate" and a["mode"] == "approximate"
+    assert e["distinct_keys"] > 100_000
+    assert abs(a["distinct_keys"] / e["distinct_keys"] - 1) < 3 * a["error"][
+        "hll_relative_std_error"]
+    for got, want in zip(a["thresholds"], e["thresholds"]):
+        assert abs(got["keys_kept"] / want["keys_kept"] - 1) < 0.05
+        assert abs(got["traffic_kept_share"] - want["traffic_kept_share"]) < 0.01
+    assert [k["key"] for k in a["top_keys"][:10]] == [k["key"] for k in e["top_keys"][:10]]
+    assert (a["rows"], a["total_keys"]) == (e["rows"], e["total_keys"])   # exact always
+    with pytest.raises(ValueError, match=r"Argument `mode` must be 'exact' or 'approximate'"):
+        compute_stats(str(tmp_path), ["k"], mode="fast")
