@@ -66,7 +66,7 @@ from sparseflow.ops import sketch_kernels as sk
 from sparseflow.ops import stats_kernels
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.stats import report
-from sparseflow.stats.counts import _int_array, check_options, top_entries
+from sparseflow.stats.counts import check_batch, check_options, top_entries
 
 MIN_PRECISION, MAX_PRECISION = 4, 18
 MAX_HEAVY_HITTERS = 2**20
@@ -233,33 +233,11 @@ class ApproxFeatureCounter:
     def update(self, keys, row_lengths=None, timestamps=None, null_rows: int = 0) -> None:
         """Counts one batch; arguments and errors as
         :meth:`sparseflow.stats.counts.FeatureCounter.update`."""
-        keys = _int_array(keys, "keys")
+        keys, rows, empty, times, latest = check_batch(keys, row_lengths, timestamps,
+                                                       null_rows, self.timed)
         n = keys.shape[0]
-        if not validation.is_int(null_rows) or null_rows < 0:
-            raise ValueError(f"Argument `null_rows` must be >= 0. Received: {null_rows!r}")
-        if row_lengths is None:
-            rows, empty = n, 0
-        else:
-            lengths = _int_array(row_lengths, "row_lengths")
-            if lengths.size and lengths.min() < 0 or int(lengths.sum()) != n:
-                raise ValueError(f"Argument `row_lengths` must be >= 0 and sum to the "
-                                 f"{n} keys. Received a sum of {int(lengths.sum())}.")
-            rows, empty = lengths.shape[0], int(np.count_nonzero(lengths == 0))
-        if (timestamps is None) == self.timed:
-            raise ValueError("Argument `timestamps` is required by a timed counter and refused "
-                             "by an untimed one." if self.timed else
-                             "Argument `timestamps` was given to an untimed counter; create it "
-                             "with timed=True.")
-        if self.timed:
-            times = _int_array(timestamps, "timestamps")
-            if times.shape[0] != n:
-                raise ValueError(f"Argument `timestamps` must have one value per key ({n}). "
-                                 f"Received: {times.shape[0]}")
-            if n:
-                t = int(times.max())
-                self.clock = t if self.clock is None else max(self.clock, t)
-        else:
-            times = keys   # not read by the kernel
+        if latest is not None:
+            self.clock = latest if self.clock is None else max(self.clock, latest)
         sk.hll_sample_update(self._registers, self.precision, self._salt, self._sample,
                              self._sample_meta, self.sample_size, keys, times, self.timed)
         sk.cms_count_offer(self._cms.counters, self._cms.seeds, keys, _EMPTY, *self._hh())

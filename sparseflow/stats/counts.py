@@ -14,6 +14,7 @@ import numpy as np
 from sparseflow.ops import stats_kernels
 from sparseflow.ops.hash_index import MAX_CAPACITY, MAX_LOAD, slots_for
 from sparseflow.stats import report
+from sparseflow.validation import is_int
 
 
 def _int_array(x, name: str) -> np.ndarray:
@@ -24,6 +25,46 @@ def _int_array(x, name: str) -> np.ndarray:
     if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
         raise ValueError(f"Argument `{name}` holds values past int64.")
     return np.ascontiguousarray(a, np.int64)
+
+
+def check_batch(keys, row_lengths, timestamps, null_rows, timed: bool):
+    """Checks one batch for a counter's ``update``.
+
+    Returns:
+      (int64 keys, rows, empty rows, int64 times (``keys`` itself when untimed: a kernel
+      argument not read), the batch's latest time or None).
+
+    Raises:
+      TypeError, ValueError: as :meth:`FeatureCounter.update`.
+    """
+    keys = _int_array(keys, "keys")
+    n = keys.shape[0]
+    if not is_int(null_rows) or null_rows < 0:
+        raise ValueError(f"Argument `null_rows` must be >= 0. Received: {null_rows!r}")
+    if row_lengths is None:
+        rows, empty = n, 0
+    else:
+        lengths = _int_array(row_lengths, "row_lengths")
+        if lengths.size and lengths.min() < 0 or int(lengths.sum()) != n:
+            raise ValueError(f"Argument `row_lengths` must be >= 0 and sum to the "
+                             f"{n} keys. Received a sum of {int(lengths.sum())}.")
+        rows, empty = lengths.shape[0], int(np.count_nonzero(lengths == 0))
+    if (timestamps is None) == timed:
+        raise ValueError("Argument `timestamps` is required by a timed counter and refused "
+                         "by an untimed one." if timed else
+                         "Argument `timestamps` was given to an untimed counter; create it "
+                         "with timed=True.")
+    latest = None
+    if timed:
+        times = _int_array(timestamps, "timestamps")
+        if times.shape[0] != n:
+            raise ValueError(f"Argument `timestamps` must have one value per key ({n}). "
+                             f"Received: {times.shape[0]}")
+        if n:
+            latest = int(times.max())
+    else:
+        times = keys   # not read by the kernel
+    return keys, rows, empty, times, latest
 
 
 class FeatureCounter:
@@ -115,33 +156,11 @@ class FeatureCounter:
             ``timestamps`` of another length, ``timestamps`` given (or missing) against
             ``timed``, ``null_rows`` < 0.
         """
-        keys = _int_array(keys, "keys")
+        keys, rows, empty, times, latest = check_batch(keys, row_lengths, timestamps,
+                                                       null_rows, self.timed)
         n = keys.shape[0]
-        if null_rows < 0:
-            raise ValueError(f"Argument `null_rows` must be >= 0. Received: {null_rows!r}")
-        if row_lengths is None:
-            rows, empty = n, 0
-        else:
-            lengths = _int_array(row_lengths, "row_lengths")
-            if lengths.size and lengths.min() < 0 or int(lengths.sum()) != n:
-                raise ValueError(f"Argument `row_lengths` must be >= 0 and sum to the "
-                                 f"{n} keys. Received a sum of {int(lengths.sum())}.")
-            rows, empty = lengths.shape[0], int(np.count_nonzero(lengths == 0))
-        if (timestamps is None) == self.timed:
-            raise ValueError("Argument `timestamps` is required by a timed counter and refused "
-                             "by an untimed one." if self.timed else
-                             "Argument `timestamps` was given to an untimed counter; create it "
-                             "with timed=True.")
-        if self.timed:
-            times = _int_array(timestamps, "timestamps")
-            if times.shape[0] != n:
-                raise ValueError(f"Argument `timestamps` must have one value per key ({n}). "
-                                 f"Received: {times.shape[0]}")
-            if n:
-                t = int(times.max())
-                self.clock = t if self.clock is None else max(self.clock, t)
-        else:
-            times = keys   # not read by the kernel
+        if latest is not None:
+            self.clock = latest if self.clock is None else max(self.clock, latest)
         self._add(stats_kernels.count_keys, keys, None, times)
         self.rows += rows + int(null_rows)
         self.null_rows += int(null_rows)

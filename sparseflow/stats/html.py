@@ -69,15 +69,6 @@ def _pct(x) -> str:
     return f"{100 * float(x):.2f}%"
 
 
-def _bytes(n) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _compact(v: float) -> str:
     """1, 10, 100, 1k, 10k, ... for decade ticks."""
     for div, suffix in ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "k")):
@@ -253,7 +244,7 @@ def threshold_svg(f: dict, chart_id: str, name: str, chosen: int | None = None) 
         return (f"threshold {r['threshold']}: {_int(r['keys_kept'])} keys kept "
                 f"({_pct(r['keys_kept'] / distinct if distinct else 0)} of distinct), "
                 f"{_pct(r['traffic_kept_share'])} of traffic, "
-                f"{_bytes(mem.get(str(r['threshold']), 0))}")
+                f"{report.format_bytes(mem.get(str(r['threshold']), 0))}")
 
     keys = [(r["threshold"], 100 * (r["keys_kept"] / distinct if distinct else 0.0), tip(r))
             for r in rows]
@@ -291,7 +282,7 @@ def _summary_rows(f: dict) -> list:
             ("keys seen once", _int(f["singleton_keys"])),
             ("share of keys seen once", _pct(f["singleton_share"])),
             (f"memory, every key (dim {mem['dim']}, {mem['optimizer']}: {mem['slots']} "
-             f"slot{'s' if mem['slots'] != 1 else ''})", _bytes(at1))]
+             f"slot{'s' if mem['slots'] != 1 else ''})", report.format_bytes(at1))]
     if f.get("mode"):
         rows.insert(1, ("counting", f["mode"]))
     if "eviction" in f:
@@ -315,7 +306,7 @@ def _feature(i: int, name: str, f: dict, chosen: dict | None) -> str:
                  if "eviction_threshold" in chosen else "")
         out.append(f"<p>Suggested: access_threshold {_e(chosen['access_threshold'])}, "
                    f"vocabulary_size {_e(_int(chosen['vocabulary_size']))}{_e(extra)} "
-                   f"({_e(_bytes(chosen['bytes']))}, "
+                   f"({_e(report.format_bytes(chosen['bytes']))}, "
                    f"{_e(_pct(chosen['traffic_kept_share']))} of traffic kept).</p>")
     out.append("</div><div>")
     out.append("<h3>Top keys</h3>")
@@ -342,7 +333,7 @@ def _feature(i: int, name: str, f: dict, chosen: dict | None) -> str:
     for r in f["thresholds"]:
         rows.append((r["threshold"], _int(r["keys_kept"]),
                      _pct(r["keys_kept"] / distinct if distinct else 0),
-                     _pct(r["traffic_kept_share"]), _bytes(mem.get(str(r["threshold"]), 0))))
+                     _pct(r["traffic_kept_share"]), report.format_bytes(mem.get(str(r["threshold"]), 0))))
         classes.append("chosen" if r["threshold"] == threshold else None)
     out.append("<details><summary>Admission thresholds (table)</summary>"
                + _table(("threshold", "keys kept", "% of keys", "traffic kept", "table memory"),
@@ -388,8 +379,8 @@ def render_html(doc: dict, suggestion: dict | None = None) -> str:
                    + "</ul></details>")
     if suggestion:
         budget = suggestion["memory_budget_bytes"]
-        out.append(f"<p>Suggestion for a memory budget of {_e(_bytes(budget))}: "
-                   f"{_e(_bytes(suggestion['total_bytes']))} in all, "
+        out.append(f"<p>Suggestion for a memory budget of {_e(report.format_bytes(budget))}: "
+                   f"{_e(report.format_bytes(suggestion['total_bytes']))} in all, "
                    f"{_e(_pct(suggestion['traffic_kept_share']))} of traffic kept.</p>")
     out.append(f'<h2>Overview ({len(features)} feature{"s" if len(features) != 1 else ""})</h2>')
     header = ["feature", "rows", "null or empty", "total keys", "distinct keys", "seen once",
@@ -402,7 +393,7 @@ def render_html(doc: dict, suggestion: dict | None = None) -> str:
     for i, (name, f) in enumerate(features.items()):
         cells = [_int(f["rows"]), _pct(f["null_or_empty_share"]), _int(f["total_keys"]),
                  _int(f["distinct_keys"]), _pct(f["singleton_share"]),
-                 _bytes(f["memory"]["bytes_at_threshold"].get("1", 0))]
+                 report.format_bytes(f["memory"]["bytes_at_threshold"].get("1", 0))]
         if chosen:
             c = chosen.get(name)
             cells += [c["access_threshold"], _int(c["vocabulary_size"])] if c else ["", ""]

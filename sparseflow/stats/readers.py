@@ -181,6 +181,23 @@ def _describe(kind) -> str:
     return f"lists of {what}" if kind[1] else what
 
 
+def check_column_names(columns) -> list[str]:
+    """``columns`` as a list of distinct names.
+
+    Raises:
+      ValueError: not a non-empty list, or a name repeated.
+    """
+    if isinstance(columns, str) or not columns:
+        raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
+                         f"Received: {columns!r}")
+    columns = [str(c) for c in columns]
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(f"Argument `columns` names {', '.join(map(repr, repeated))} more "
+                         f"than once.")
+    return columns
+
+
 class ParquetSource:
     """Checked Parquet files whose sparse columns are streamed by :meth:`batches`.
 
@@ -213,14 +230,7 @@ class ParquetSource:
         """
         import pyarrow.dataset as ds
 
-        if isinstance(columns, str) or not columns:
-            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
-                             f"Received: {columns!r}")
-        columns = [str(c) for c in columns]
-        repeated = sorted({c for c in columns if columns.count(c) > 1})
-        if repeated:
-            raise ValueError(f"Argument `columns` names {', '.join(map(repr, repeated))} more "
-                             f"than once.")
+        columns = check_column_names(columns)
         encodings = dict(encodings or {})
         for name, enc in encodings.items():
             if name not in columns:
@@ -345,14 +355,7 @@ class CsvSource:
         """
         import pyarrow.csv as pcsv
 
-        if isinstance(columns, str) or not columns:
-            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
-                             f"Received: {columns!r}")
-        columns = [str(c) for c in columns]
-        repeated = sorted({c for c in columns if columns.count(c) > 1})
-        if repeated:
-            raise ValueError(f"Argument `columns` names {', '.join(map(repr, repeated))} more "
-                             f"than once.")
+        columns = check_column_names(columns)
         encodings = dict(encodings or {})
         for name, enc in encodings.items():
             if enc not in text_kernels.ENCODINGS:
@@ -434,10 +437,7 @@ class TfRecordSource:
             not TFRecord of ``tf.train.Example``; a column no record of a file has (names the
             file and the columns it has); a float column; an encoding its kind cannot read.
         """
-        if isinstance(columns, str) or not columns:
-            raise ValueError(f"Argument `columns` must be a non-empty list of column names. "
-                             f"Received: {columns!r}")
-        columns = [str(c) for c in columns]
+        columns = check_column_names(columns)
         self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
             [os.fspath(p) for p in paths]
         self.files = job_readers.expand_paths(self.paths, "paths")

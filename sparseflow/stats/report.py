@@ -213,3 +213,13 @@ def render_markdown(doc: dict) -> str:
             lines += ["", "| top key | count |", "|---:|---:|"]
             lines += [f"| {k['key']} | {_num(k['count'])} |" for k in f["top_keys"]]
     return "\n".join(lines) + "\n"
+
+
+def format_bytes(n) -> str:
+    """``n`` bytes for people: ``512 B``, ``1.5 KiB``, ``3.2 GiB`` (binary units)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

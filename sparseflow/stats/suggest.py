@@ -175,7 +175,7 @@ def suggest(doc: dict, memory_budget_bytes, min_traffic_share: float = 0.95,
         highest = max(t.thresholds[-1] for t in tables)
         raise ValueError(
             f"Argument `memory_budget_bytes` ({memory_budget_bytes!r}) is below the "
-            f"{least} bytes ({_human(least)}) the tables need at their highest reported "
+            f"{least} bytes ({report.format_bytes(least)}) the tables need at their highest reported "
             f"access_threshold ({highest}), with headroom {headroom}. Raise the budget, or "
             f"rerun the stats with a larger --max-threshold.")
 
@@ -223,15 +223,6 @@ def suggest(doc: dict, memory_budget_bytes, min_traffic_share: float = 0.95,
             "tables": out_tables}
 
 
-def _human(n) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _key(name: str) -> str:
     """``name`` as a YAML mapping key: plain when that reads back as the same string."""
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
@@ -266,11 +257,11 @@ def render_yaml_fragment(suggestion: dict) -> str:
     budget = suggestion["memory_budget_bytes"]
     lines = [
         "# Suggested by `sparseflow stats --suggest` for a memory budget of "
-        f"{_human(budget)} ({budget} bytes),",
+        f"{report.format_bytes(budget)} ({budget} bytes),",
         f"# headroom {suggestion['headroom']:g}, min traffic share "
         f"{100 * suggestion['min_traffic_share']:g}%. Table memory = vocabulary_size x dim x "
         "(1 + optimizer slots) x 4 bytes.",
-        f"# Total: {_human(suggestion['total_bytes'])} ({suggestion['total_bytes']} bytes) of "
+        f"# Total: {report.format_bytes(suggestion['total_bytes'])} ({suggestion['total_bytes']} bytes) of "
         f"the budget; traffic kept: {suggestion['traffic_kept_share']:.2%} of all key "
         "occurrences.",
     ]
@@ -284,7 +275,7 @@ def render_yaml_fragment(suggestion: dict) -> str:
     lines.append("tables:")
     for name, t in tables.items():
         lines.append(f"  {_key(name)}:   " + _comment(
-            f"# {_human(t['bytes'])}, {t['traffic_kept_share']:.2%} of traffic kept, "
+            f"# {report.format_bytes(t['bytes'])}, {t['traffic_kept_share']:.2%} of traffic kept, "
             f"{t['keys_kept']:,} of {t['distinct_keys']:,} keys (dim {t['dim']}, "
             f"{t['optimizer']})"))
         note = (f"   # above the config limit {MAX_VOCABULARY}: split it over host/ssd tiers"
