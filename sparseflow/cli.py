@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                        help="files counted in parallel (default: %(default)s)")
     stats.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    stats.add_argument("--dask", metavar="ADDRESS",
+                       help="count the files on a Dask cluster: a scheduler address "
+                            "(tcp://host:8786), or local:N for N local worker processes "
+                            "(needs the dask extra: pip install sparseflow[dask])")
     stats.add_argument("--approx", action="store_true",
                        help="approximate mode: fixed memory per feature (HyperLogLog, "
                             "count-min, a key sample) for key sets larger than memory")
@@ -127,6 +131,25 @@ def _stats(args) -> int:
         print(f"{chr(13) if tty else ''}files {done}/{total}, {rows:,} rows", end=end,
               file=sys.stderr, flush=True)
 
+    client = cluster = None
+    if args.dask:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            print("error: --dask needs the dask extra: pip install 'sparseflow[dask]'",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        if args.dask.startswith("local:"):
+            n = args.dask.split(":", 1)[1]
+            if not n.isdigit() or int(n) < 1:
+                print(f"error: --dask {args.dask}: local:N needs N >= 1 workers",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            cluster = LocalCluster(n_workers=int(n), threads_per_worker=1,
+                                   dashboard_address=None)
+            client = Client(cluster)
+        else:
+            client = Client(args.dask)
     try:
         doc = compute_stats(data, sparse, timestamp=timestamp, top_k=args.top_k,
                             max_threshold=args.max_threshold,
@@ -134,10 +157,16 @@ def _stats(args) -> int:
                             optimizer=optimizer or "adam", encodings=encodings,
                             fmt=fmt or "parquet", delimiter=delimiter, workers=args.workers,
                             progress=None if args.no_progress else progress,
-                            mode="approximate" if args.approx else "exact")
+                            mode="approximate" if args.approx else "exact",
+                            dask_client=client)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
     suggestion = None
     if args.suggest:
         from sparseflow.stats.suggest import parse_budget, suggest

@@ -356,6 +356,18 @@ output: {{dir: {tmp_path / 'run'}}}
     assert doc["features"]["item"]["distinct_keys"] == np.unique(item).shape[0]
 
 
+def test_cli_stats_on_a_local_dask_cluster(tmp_path, capsys):
+    item, _, _ = _stats_parquet(tmp_path)
+    out = tmp_path / "stats"
+    assert cli.main(["stats", str(tmp_path / "data"), "--sparse", "item", "--dask", "local:2",
+                     "--out", str(out)]) == 0
+    doc = json.loads((out / "stats.json").read_text())
+    assert doc["features"]["item"]["distinct_keys"] == np.unique(item).shape[0]
+    assert cli.main(["stats", str(tmp_path / "data"), "--sparse", "item", "--dask",
+                     "local:x"]) == 2
+    assert "local:N needs N >= 1" in capsys.readouterr().err
+
+
 def test_cli_stats_usage_errors(tmp_path, capsys):
     assert cli.main(["stats", str(tmp_path)]) == 2
     assert "needs DATA and --sparse" in capsys.readouterr().err

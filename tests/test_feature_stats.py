@@ -454,3 +454,20 @@ def test_the_approximate_mode_is_within_its_documented_error(tmp_path):
     assert (a["rows"], a["total_keys"]) == (e["rows"], e["total_keys"])   # exact always
     with pytest.raises(ValueError, match=r"Argument `mode` must be 'exact' or 'approximate'"):
         compute_stats(str(tmp_path), ["k"], mode="fast")
+
+
+def test_a_dask_cluster_of_two_workers_gives_the_same_document(dataset):
+    from dask.distributed import Client, LocalCluster
+
+    root, _ = dataset
+    local = compute_stats(str(root), list(KINDS), timestamp="ts", eviction_window=50,
+                          max_threshold=4)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
+        calls = []
+        distributed = compute_stats(str(root), list(KINDS), timestamp="ts",
+                                    eviction_window=50, max_threshold=4, dask_client=client,
+                                    progress=lambda *a: calls.append(a))
+    assert distributed == local
+    assert [c[:2] for c in calls] == [(1, 3), (2, 3), (3, 3)]
