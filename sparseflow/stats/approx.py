@@ -66,7 +66,7 @@ from sparseflow.ops import sketch_kernels as sk
 from sparseflow.ops import stats_kernels
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.stats import report
-from sparseflow.stats.counts import check_batch, check_options, top_entries
+from sparseflow.stats.counts import add_row_counts, check_batch, check_options, top_entries
 
 MIN_PRECISION, MAX_PRECISION = 4, 18
 MAX_HEAVY_HITTERS = 2**20
@@ -289,12 +289,7 @@ class ApproxFeatureCounter:
                                      other._hh_keys[:int(other._hh_meta[0])]])
         sk.hh_rebuild(self._cms.counters, self._cms.seeds, candidates, *self._hh())
         self._hh_floor = floor
-        self.rows += other.rows
-        self.null_rows += other.null_rows
-        self.empty_rows += other.empty_rows
-        self.total_keys += other.total_keys
-        if other.clock is not None:
-            self.clock = other.clock if self.clock is None else max(self.clock, other.clock)
+        add_row_counts(self, other)
 
     # --- the result ----------------------------------------------------------------------------
 

@@ -67,6 +67,18 @@ def check_batch(keys, row_lengths, timestamps, null_rows, timed: bool):
     return keys, rows, empty, times, latest
 
 
+def add_row_counts(counter, other) -> None:
+    """Adds ``other``'s rows, null and empty rows, total keys and clock to ``counter`` (the
+    part of a merge both counters share)."""
+    counter.rows += other.rows
+    counter.null_rows += other.null_rows
+    counter.empty_rows += other.empty_rows
+    counter.total_keys += other.total_keys
+    if other.clock is not None:
+        counter.clock = other.clock if counter.clock is None else max(counter.clock,
+                                                                      other.clock)
+
+
 class FeatureCounter:
     """Exact counts of one feature's keys, fed batch by batch.
 
@@ -187,12 +199,7 @@ class FeatureCounter:
             raise ValueError("Cannot merge a timed counter with an untimed one.")
         keys, counts, times = other.entries()
         self._add(stats_kernels.merge_entries, keys, counts, times)
-        self.rows += other.rows
-        self.null_rows += other.null_rows
-        self.empty_rows += other.empty_rows
-        self.total_keys += other.total_keys
-        if other.clock is not None:
-            self.clock = other.clock if self.clock is None else max(self.clock, other.clock)
+        add_row_counts(self, other)
 
     def result(self, top_k: int = 20, max_threshold: int = 10, eviction_window: int | None = None,
                dim: int = 16, optimizer: str = "adam", *, clock: int | None = None,

@@ -181,6 +181,17 @@ def _describe(kind) -> str:
     return f"lists of {what}" if kind[1] else what
 
 
+def resolve_paths(paths) -> tuple[list[str], list[str]]:
+    """(the paths as strings, the files they name: files, directories, globs).
+
+    Raises:
+      ValueError: a path that names no file.
+    """
+    paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
+        [os.fspath(p) for p in paths]
+    return paths, job_readers.expand_paths(paths, "paths")
+
+
 def check_column_names(columns) -> list[str]:
     """``columns`` as a list of distinct names.
 
@@ -239,9 +250,7 @@ class ParquetSource:
             if enc not in text_kernels.ENCODINGS:
                 raise ValueError(f"Invalid encoding for column {name!r}: {enc!r}, use one of "
                                  f"{', '.join(text_kernels.ENCODINGS)}.")
-        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
-            [os.fspath(p) for p in paths]
-        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.paths, self.files = resolve_paths(paths)
         self.columns = columns
         self.timestamp = timestamp
         plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
@@ -364,9 +373,7 @@ class CsvSource:
         default = "hex" if criteo else "int"
         self.kinds = {c: (encodings.get(c, default if c.startswith("C") or not criteo
                                         else "int"), False) for c in columns}
-        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
-            [os.fspath(p) for p in paths]
-        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.paths, self.files = resolve_paths(paths)
         self.columns = columns
         self.timestamp = timestamp
         self._format = "criteo_tsv" if criteo else "csv"
@@ -438,9 +445,7 @@ class TfRecordSource:
             file and the columns it has); a float column; an encoding its kind cannot read.
         """
         columns = check_column_names(columns)
-        self.paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else \
-            [os.fspath(p) for p in paths]
-        self.files = job_readers.expand_paths(self.paths, "paths")
+        self.paths, self.files = resolve_paths(paths)
         self.columns = columns
         self.timestamp = timestamp
         plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
