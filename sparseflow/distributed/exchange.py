@@ -1,0 +1,79 @@
+"""The all-to-all between workers: per-owner buffers out, what each owner sent back in.
+
+Built on TensorFlow's own collectives: ``tf.raw_ops.CollectiveAllToAllV2`` under a
+``tf.distribute.MultiWorkerMirroredStrategy`` (which starts the gRPC server and the collective
+executor on every worker; see docs/design-notes.md, "Multi-worker training"). Every worker
+must make the same calls in the same order: each call takes fresh instance keys from a
+counter advanced identically everywhere.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from sparseflow.validation import INT32_MAX, check_float, check_int
+
+# Above the group keys the strategy allocates for itself (1, 2, ...).
+GROUP_KEY = 1000
+FIRST_INSTANCE_KEY = 10_000
+
+
+class Exchange:
+    """All-to-all of ``[world_size, ...]`` buffers among the strategy's workers.
+
+    Args:
+      world_size: workers in the group (the strategy's ``num_replicas_in_sync``).
+      timeout_seconds: a collective that has not completed by then raises
+        ``DeadlineExceededError`` (a dead or stuck peer); generous, because it also ends a
+        step that is only slow (a first trace on a loaded machine).
+      group_key: the collective group's key.
+
+    Raises:
+      ValueError: an argument out of range.
+    """
+
+    def __init__(self, world_size: int, timeout_seconds: float = 60.0,
+                 group_key: int = GROUP_KEY):
+        self.world_size = check_int("world_size", world_size, 1, INT32_MAX)
+        self.timeout_seconds = check_float("timeout_seconds", timeout_seconds, 0.0, 86_400.0,
+                                           low_open=True)
+        self.group_key = check_int("group_key", group_key, 1, INT32_MAX)
+        self._instance = tf.Variable(FIRST_INSTANCE_KEY, dtype=tf.int32, trainable=False,
+                                     name="sparseflow_collective_instance")
+
+    def _keys(self, n: int):
+        last = self._instance.assign_add(n)
+        return [last - n + 1 + i for i in range(n)]
+
+    def _all_to_all(self, x: tf.Tensor, key) -> tf.Tensor:
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=x, group_size=self.world_size, group_key=self.group_key, instance_key=key,
+            ordering_token=[], communication_hint="auto",
+            timeout_seconds=self.timeout_seconds)
+
+    def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
+        """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
+        worker r. Same shape on every worker."""
+        return self._all_to_all(x, self._keys(1)[0])
+
+    def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0):
+        """``use_dynamic``: rows of ``x`` ``[world_size, width, ...]`` hold ``counts[r]`` real
+        entries each; the workers first exchange counts and agree on the largest, then
+        exchange ``x`` cut or padded (with ``pad_value``) to it: each worker's width may
+        differ, as long as it holds its own counts.
+
+        Returns:
+          (received ``[world_size, m, ...]``, received counts int32 ``[world_size]``).
+        """
+        k_counts, k_max, k_payload = self._keys(3)
+        counts = tf.cast(counts, tf.int32)
+        received_counts = self._all_to_all(counts[:, None], k_counts)[:, 0]
+        most = tf.raw_ops.CollectiveReduceV2(
+            input=tf.reduce_max(counts), group_size=self.world_size,
+            group_key=self.group_key, instance_key=k_max, ordering_token=[],
+            merge_op="Max", final_op="Id", timeout_seconds=self.timeout_seconds)
+        x = tf.convert_to_tensor(x)
+        short = tf.maximum(most - tf.shape(x)[1], 0)
+        padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
+        x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))[:, :most]
+        return self._all_to_all(x, k_payload), received_counts
