@@ -398,7 +398,7 @@ def main() -> None:
              f"{share(prof['read_in_loop'])} |"),
             (f"| to int64 keys (`ParquetSource._convert`: `readers.column_keys`) | "
              f"{prof['convert']:.3f} | {share(prof['convert'])} |"),
-            (f"| counting (`FeatureCounter.update`: `count_keys`, `rehash`) | "
+            (f"| counting (`FeatureCounter.update`: `add_keys`, `rehash`) | "
              f"{prof['count']:.3f} | {share(prof['count'])} |"),
             (f"| results (`FeatureCounter.result`: collect, summarize, top-k) | "
              f"{prof['result']:.3f} | {share(prof['result'])} |"),
@@ -427,7 +427,7 @@ def main() -> None:
              f"the what-ifs above say how to cut it: in `sparseflow/stats/job.py` "
              f"(`compute_stats`' loop) count column-major, each column over a run of batches, "
              f"and hand the columns to a thread pool of one thread per core "
-             f"(`stats_kernels.count_keys` is `nogil`, each column has its own "
+             f"(`stats_kernels.add_keys` is `nogil`, each column has its own "
              f"`FeatureCounter`); overlap the Parquet read with the counting (pull the next "
              f"batches in a reader thread, pyarrow releases the GIL); in "
              f"`sparseflow/stats/counts.py` (`FeatureCounter._grow`) grow by 4x while the "

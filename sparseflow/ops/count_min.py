@@ -86,7 +86,7 @@ def cms_row_seeds(seed, depth, out):
 
 
 @numba.njit(**_JIT)
-def _stage(counters, seeds, key, ring, slot):
+def stage_columns(counters, seeds, key, ring, slot):
     """Writes the columns of ``key`` to ``ring[slot]`` and prefetches its counters."""
     width = counters.shape[1]
     for r in range(counters.shape[0]):
@@ -119,7 +119,7 @@ def cms_add(counters, seeds, keys, weights, out):
     # early so that their misses overlap (a fixed 8 * depth * PREFETCH_AHEAD bytes per call).
     ring = np.empty((PREFETCH_AHEAD, depth), np.int64)
     for i in range(min(n, PREFETCH_AHEAD)):
-        _stage(counters, seeds, keys[i], ring, i)
+        stage_columns(counters, seeds, keys[i], ring, i)
     total = np.int64(0)
     for i in range(n):
         slot = i % PREFETCH_AHEAD
@@ -138,7 +138,7 @@ def cms_add(counters, seeds, keys, weights, out):
             counters[r, col] = np.uint32(max(np.int64(counters[r, col]), new))
         out[i] = new
         if i + PREFETCH_AHEAD < n:
-            _stage(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
+            stage_columns(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
     return total
 
 
@@ -153,7 +153,7 @@ def cms_estimate(counters, seeds, keys, out):
     n = keys.shape[0]
     ring = np.empty((PREFETCH_AHEAD, depth), np.int64)
     for i in range(min(n, PREFETCH_AHEAD)):
-        _stage(counters, seeds, keys[i], ring, i)
+        stage_columns(counters, seeds, keys[i], ring, i)
     for i in range(n):
         slot = i % PREFETCH_AHEAD
         low = _COUNTER_MAX_I64
@@ -163,7 +163,7 @@ def cms_estimate(counters, seeds, keys, out):
                 low = c
         out[i] = low
         if i + PREFETCH_AHEAD < n:
-            _stage(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
+            stage_columns(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
 
 
 def _check_int64_vector(argument: str, keys) -> np.ndarray:

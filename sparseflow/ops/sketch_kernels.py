@@ -65,9 +65,9 @@ import math
 import numba
 import numpy as np
 
-from sparseflow.ops.count_min import cms_column
+from sparseflow.ops.count_min import cms_column, stage_columns
 from sparseflow.ops.hash_index import mix64
-from sparseflow.ops.prefetch import prefetch_for_write
+from sparseflow.ops.stats_kernels import log2_floor
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -270,15 +270,6 @@ def hh_offer(hh_keys, hh_vals, hh_slot, hh_index, hh_meta, key, est):
 
 
 @numba.njit(**_JIT)
-def _stage(counters, seeds, key, ring, slot):
-    width = counters.shape[1]
-    for r in range(counters.shape[0]):
-        col = cms_column(seeds[r], key, width)
-        ring[slot, r] = col
-        prefetch_for_write(counters, (r, col))
-
-
-@numba.njit(**_JIT)
 def cms_count_offer(counters, seeds, keys, weights, hh_keys, hh_vals, hh_slot, hh_index,
                     hh_meta):
     """Plain count-min update, then offers each key to the heavy-hitter candidates.
@@ -299,7 +290,7 @@ def cms_count_offer(counters, seeds, keys, weights, hh_keys, hh_vals, hh_slot, h
     unit = weights.shape[0] == 0
     ring = np.empty((PREFETCH_AHEAD, depth), np.int64)
     for i in range(min(n, PREFETCH_AHEAD)):
-        _stage(counters, seeds, keys[i], ring, i)
+        stage_columns(counters, seeds, keys[i], ring, i)
     for i in range(n):
         slot = i % PREFETCH_AHEAD
         w = np.int64(1) if unit else weights[i]
@@ -313,7 +304,7 @@ def cms_count_offer(counters, seeds, keys, weights, hh_keys, hh_vals, hh_slot, h
                 low = c
         key = keys[i]
         if i + PREFETCH_AHEAD < n:
-            _stage(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
+            stage_columns(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
         hh_offer(hh_keys, hh_vals, hh_slot, hh_index, hh_meta, key, low)
 
 
@@ -442,34 +433,6 @@ def sample_merge(table, meta, capacity, salt, other, other_level):
 
 
 @numba.njit(**_JIT)
-def sample_entries(table, n):
-    """(keys, counts, latest timestamps) int64 [n] of the sample's ``n`` keys, slot order."""
-    keys = np.empty(n, np.int64)
-    counts = np.empty(n, np.int64)
-    times = np.empty(n, np.int64)
-    j = 0
-    for s in range(table.shape[0]):
-        if table[s, 1] != 0:
-            keys[j] = table[s, 0]
-            counts[j] = table[s, 1]
-            times[j] = table[s, 2]
-            j += 1
-    return keys, counts, times
-
-
-# --- summaries --------------------------------------------------------------------------------
-
-@numba.njit(**_JIT)
-def _log2_floor(c):
-    b = 0
-    c >>= 1
-    while c > 0:
-        b += 1
-        c >>= 1
-    return b
-
-
-@numba.njit(**_JIT)
 def approx_summary(sample_counts, scale, heavy_counts, cutoff, max_threshold):
     """Frequency summaries from a distinct sample (light keys) and the heavy candidates.
 
@@ -502,7 +465,7 @@ def approx_summary(sample_counts, scale, heavy_counts, cutoff, max_threshold):
         c = sample_counts[i]
         if c >= cutoff:
             continue
-        b = _log2_floor(c)
+        b = log2_floor(c)
         bucket_keys[b] += scale
         bucket_traffic[b] += scale * c
         if c < max_threshold:
@@ -512,7 +475,7 @@ def approx_summary(sample_counts, scale, heavy_counts, cutoff, max_threshold):
         c = heavy_counts[i]
         if c < cutoff or c < 1:
             continue
-        b = _log2_floor(c)
+        b = log2_floor(c)
         bucket_keys[b] += 1.0
         bucket_traffic[b] += c
         t = c if c < max_threshold else max_threshold

@@ -14,9 +14,8 @@ a sentinel key (an occupied slot always has a count >= 1). Homing and probing ar
 probing); counting never deletes, so there is no backward shifting here.
 
 The kernels are pure functions over the arrays; :class:`sparseflow.stats.counts.FeatureCounter`
-sizes and grows them. :func:`count_keys` and :func:`merge_entries` stop before the key that
-would take the table past its load limit and report how far they got, so the owner grows the
-table and resumes: the table never holds more than ``limit`` keys, whatever the batch size.
+sizes and grows them. :func:`add_keys` stops before the key that would take the table past
+its load limit and reports how far it got, so the owner grows the table and resumes: the table never holds more than ``limit`` keys, whatever the batch size.
 """
 
 from __future__ import annotations
@@ -45,13 +44,16 @@ def _find(slots, key):
 
 
 @numba.njit(**_JIT)
-def count_keys(slots, keys, times, start, room):
-    """Adds one occurrence of each of ``keys[start:]``; stops before the (room + 1)-th new key.
+def add_keys(slots, keys, counts, times, start, room):
+    """Adds ``counts[i]`` occurrences of ``keys[i]`` (one each when ``counts`` is empty: a
+    batch's raw keys; a counter's distinct keys and counts when merging), last seen at
+    ``times[i]``, from position ``start``; stops before the (room + 1)-th new key.
 
     Args:
-      slots: int64 [capacity, 2 or 3], the table (width 3: column 2 keeps the latest time).
+      slots: int64 [capacity, 2 or 3] table: key, count (0: free slot), latest time (width 3).
       keys: int64 [n].
-      times: int64 [n] (the time of each key; read only when ``slots`` has width 3).
+      counts: int64 [n] (>= 1), or [0] for one occurrence each.
+      times: int64 [n] (read only when ``slots`` has width 3).
       start: the first position of ``keys`` to count.
       room: how many new keys may still be added.
 
@@ -60,6 +62,7 @@ def count_keys(slots, keys, times, start, room):
       else the position of the new key that did not fit (grow the table and resume there).
     """
     timed = slots.shape[1] > 2
+    weighted = counts.shape[0] > 0
     added = 0
     for i in range(start, keys.shape[0]):
         s = _find(slots, keys[i])
@@ -72,37 +75,7 @@ def count_keys(slots, keys, times, start, room):
                 slots[s, 2] = times[i]
         elif timed and slots[s, 2] < times[i]:
             slots[s, 2] = times[i]
-        slots[s, 1] += 1
-    return keys.shape[0], added
-
-
-@numba.njit(**_JIT)
-def merge_entries(slots, keys, counts, times, start, room):
-    """Adds ``counts[i]`` occurrences of ``keys[i]`` last seen at ``times[i]``, from ``start``.
-
-    Args:
-      slots: the table, as in :func:`count_keys`.
-      keys, counts: int64 [n] distinct keys and their counts (>= 1).
-      times: int64 [n] their latest times (read only when ``slots`` has width 3).
-      start, room: as in :func:`count_keys`.
-
-    Returns:
-      (next position, new keys added), as :func:`count_keys`.
-    """
-    timed = slots.shape[1] > 2
-    added = 0
-    for i in range(start, keys.shape[0]):
-        s = _find(slots, keys[i])
-        if slots[s, 1] == 0:
-            if added == room:
-                return i, added
-            added += 1
-            slots[s, 0] = keys[i]
-            if timed:
-                slots[s, 2] = times[i]
-        elif timed and slots[s, 2] < times[i]:
-            slots[s, 2] = times[i]
-        slots[s, 1] += counts[i]
+        slots[s, 1] += counts[i] if weighted else 1
     return keys.shape[0], added
 
 

@@ -66,7 +66,8 @@ from sparseflow.ops import sketch_kernels as sk
 from sparseflow.ops import stats_kernels
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.stats import report
-from sparseflow.stats.counts import add_row_counts, check_batch, check_options, top_entries
+from sparseflow.stats.counts import (add_row_counts, check_batch, check_result_options,
+                                      top_entries)
 
 MIN_PRECISION, MAX_PRECISION = 4, 18
 MAX_HEAVY_HITTERS = 2**20
@@ -197,7 +198,7 @@ class ApproxFeatureCounter:
     def sample_entries(self):
         """(keys, exact counts, latest timestamps) int64 arrays of the sampled keys (slot
         order; timestamps are zeros when not ``timed``)."""
-        return sk.sample_entries(self._sample, int(self._sample_meta[1]))
+        return stats_kernels.collect_entries(self._sample)
 
     def heavy_entries(self):
         """(keys, count-min estimates) int64 arrays of the heavy-hitter candidates, estimate
@@ -306,10 +307,8 @@ class ApproxFeatureCounter:
           ValueError: an argument out of range, an unknown optimizer, ``eviction_window`` on
             an untimed counter.
         """
-        check_options(top_k, max_threshold, eviction_window, dim, optimizer)
-        if eviction_window is not None and not self.timed:
-            raise ValueError("Argument `eviction_window` needs timestamps; this counter is "
-                             "not timed.")
+        check_result_options(self.timed, top_k, max_threshold, eviction_window, dim,
+                             optimizer)
         n_thresholds = int(max_threshold)
         s_keys, s_counts, s_times = self.sample_entries()
         if self.exact:

@@ -79,6 +79,22 @@ def add_row_counts(counter, other) -> None:
                                                                       other.clock)
 
 
+def check_result_options(timed: bool, top_k, max_threshold, eviction_window, dim,
+                         optimizer) -> None:
+    """:func:`check_options`, and an ``eviction_window`` only for a ``timed`` counter.
+
+    Raises:
+      ValueError: as :func:`check_options`, or a window for an untimed counter.
+    """
+    check_options(top_k, max_threshold, eviction_window, dim, optimizer)
+    if eviction_window is not None and not timed:
+        raise ValueError("Argument `eviction_window` needs timestamps; this counter is "
+                         "not timed.")
+
+
+_ONE_EACH = np.zeros(0, np.int64)   # add_keys: one occurrence per key
+
+
 class FeatureCounter:
     """Exact counts of one feature's keys, fed batch by batch.
 
@@ -141,12 +157,12 @@ class FeatureCounter:
         self._slots = self._table(capacity)
         stats_kernels.rehash(old, self._slots)
 
-    def _add(self, kernel, keys, counts, times) -> None:
+    def _add(self, keys, counts, times) -> None:
         start = 0
         n = keys.shape[0]
         while True:
-            args = (keys, times) if counts is None else (keys, counts, times)
-            start, added = kernel(self._slots, *args, start, self._room())
+            start, added = stats_kernels.add_keys(self._slots, keys, counts, times, start,
+                                                  self._room())
             self.distinct_keys += int(added)
             if start >= n:
                 return
@@ -173,7 +189,7 @@ class FeatureCounter:
         n = keys.shape[0]
         if latest is not None:
             self.clock = latest if self.clock is None else max(self.clock, latest)
-        self._add(stats_kernels.count_keys, keys, None, times)
+        self._add(keys, _ONE_EACH, times)
         self.rows += rows + int(null_rows)
         self.null_rows += int(null_rows)
         self.empty_rows += empty
@@ -198,7 +214,7 @@ class FeatureCounter:
         if other.timed != self.timed:
             raise ValueError("Cannot merge a timed counter with an untimed one.")
         keys, counts, times = other.entries()
-        self._add(stats_kernels.merge_entries, keys, counts, times)
+        self._add(keys, counts, times)
         add_row_counts(self, other)
 
     def result(self, top_k: int = 20, max_threshold: int = 10, eviction_window: int | None = None,
@@ -224,10 +240,8 @@ class FeatureCounter:
           ValueError: an argument out of range, an unknown optimizer, ``eviction_window`` on
             an untimed counter.
         """
-        check_options(top_k, max_threshold, eviction_window, dim, optimizer)
-        if eviction_window is not None and not self.timed:
-            raise ValueError("Argument `eviction_window` needs timestamps; this counter is "
-                             "not timed.")
+        check_result_options(self.timed, top_k, max_threshold, eviction_window, dim,
+                             optimizer)
         keys, counts, times = self.entries()
         bucket_keys, bucket_traffic, kept_keys, kept_traffic = \
             stats_kernels.summarize_counts(counts, int(max_threshold))

@@ -192,6 +192,14 @@ def resolve_paths(paths) -> tuple[list[str], list[str]]:
     return paths, job_readers.expand_paths(paths, "paths")
 
 
+def key_columns_plan(columns, timestamp: str | None) -> job_readers.ColumnPlan:
+    """The training jobs' column plan of ``columns`` (and the timestamp), for their column
+    checks: the stats sources read no labels or dense features."""
+    return job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
+                                  single=tuple((c, "int") for c in columns), multi=(),
+                                  timestamp=timestamp)
+
+
 def check_column_names(columns) -> list[str]:
     """``columns`` as a list of distinct names.
 
@@ -253,9 +261,7 @@ class ParquetSource:
         self.paths, self.files = resolve_paths(paths)
         self.columns = columns
         self.timestamp = timestamp
-        plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
-                                      single=tuple((c, "int") for c in columns), multi=(),
-                                      timestamp=timestamp)
+        plan = key_columns_plan(columns, timestamp)
         self._read = list(plan.names)
         self.kinds: dict[str, tuple[str, bool]] = {}
         first: dict[str, tuple[str, bool]] = {}   # column -> (default encoding, multi-hot)
@@ -448,9 +454,7 @@ class TfRecordSource:
         self.paths, self.files = resolve_paths(paths)
         self.columns = columns
         self.timestamp = timestamp
-        plan = job_readers.ColumnPlan(labels=(), dense=(), log1p=False,
-                                      single=tuple((c, "int") for c in columns), multi=(),
-                                      timestamp=timestamp)
+        plan = key_columns_plan(columns, timestamp)
         stored = job_readers.tfrecord_kinds(self.files, plan)
         encodings = dict(encodings or {})
         self.kinds = {}
