@@ -337,12 +337,13 @@ class SparseTable:
             device_rows = self.rows.prepared()
             return self.tiers.read(rows, lambda s: device_rows.read(session, s),
                                    lambda s, v: device_rows.write(session, s, v), weights_only)
-        storage = self.rows.allocate()
         if self.tiers is not None:
+            storage = self.rows.allocate()
             return self.tiers.read(rows, storage.__getitem__, storage.__setitem__,
                                    weights_only)
-        values = storage[rows]
-        return values[:, :self.dim] if weights_only else values
+        if weights_only:   # the weights alone (numba), not every slot copied then sliced
+            return self.rows.gather(rows)
+        return self.rows.read(rows)
 
     def __repr__(self) -> str:
         return (f"SparseTable(name={self.table_name!r}, dim={self.dim}, "
