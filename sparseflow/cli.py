@@ -1,7 +1,7 @@
 """The ``sparseflow`` command: validate, train, evaluate and export YAML-configured jobs.
 
     sparseflow validate CONFIG [--set KEY=VALUE ...]
-    sparseflow train    CONFIG [--set KEY=VALUE ...] [--out DIR] [--no-progress]
+    sparseflow train    CONFIG [--set KEY=VALUE ...] [--out DIR] [--no-progress] [--workers N]
     sparseflow eval     CONFIG --checkpoint PATH [--set ...]
     sparseflow export   CONFIG --checkpoint PATH --out DIR [--set ...]
     sparseflow stats    DATA ... --sparse C1,C2 [--timestamp COL] [--out DIR] [options]
@@ -21,6 +21,7 @@ from typing import Sequence
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+MAX_LOCAL_WORKERS = 64
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output directory (overrides output.dir)")
     train.add_argument("--no-progress", action="store_true",
                        help="plain log lines even on a terminal")
+    train.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="train on N local worker processes, tables sharded by key "
+                            "(docs/multi-worker.md); a worker started with TF_CONFIG "
+                            "trains as that cluster's worker")
     evaluate = job_command("eval", "Evaluate a checkpoint on the job's eval split.")
     evaluate.add_argument("--checkpoint", required=True,
                           help="a checkpoint prefix or a directory holding checkpoints")
@@ -218,7 +223,7 @@ def _run(args, cfg) -> int:
 
     if args.command == "train":
         _log_to_stderr()
-        runner.train(cfg, tty=False if args.no_progress else None)
+        return _train(args, cfg)
     elif args.command == "eval":
         runner.evaluate(cfg, args.checkpoint)
     elif args.command == "export":
@@ -226,6 +231,46 @@ def _run(args, cfg) -> int:
 
         path = export(cfg, args.checkpoint, args.out)
         print(f"exported {cfg.name} to {path}")
+    return EXIT_OK
+
+
+def _train(args, cfg) -> int:
+    """One process (the Session trainer), N local workers, or one worker of a cluster."""
+    from sparseflow.distributed.cluster import World, world_from_env
+
+    world = world_from_env()
+    if args.workers is not None and not 1 <= args.workers <= MAX_LOCAL_WORKERS:
+        print(f"error: --workers must be in [1, {MAX_LOCAL_WORKERS}], got {args.workers}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers is not None and world is not None:
+        print("error: --workers starts local workers; this process already has TF_CONFIG "
+              "(a cluster's worker): unset one of them", file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers is not None and args.workers > 1:
+        from sparseflow.distributed.launch import launch
+        from sparseflow.jobs.runner import output_dir
+
+        argv = ["train", args.config, "--no-progress"]
+        for override in args.overrides:
+            argv += ["--set", override]
+        if args.out:
+            argv += ["--out", args.out]
+        return launch(argv, args.workers, output_dir(cfg),
+                      grace_seconds=cfg.distributed.timeout_seconds + 30)
+    if world is None and args.workers is None:
+        from sparseflow.jobs import runner
+
+        runner.train(cfg, tty=False if args.no_progress else None)
+        return EXIT_OK
+    from sparseflow.distributed.trainer import WorkerLostError, train
+
+    try:
+        train(cfg, world or World(0, 1))
+    except WorkerLostError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        # TensorFlow's teardown of a cluster with a dead peer can block: leave now.
+        os._exit(EXIT_FAILED)
     return EXIT_OK
 
 

@@ -53,8 +53,32 @@ class Exchange:
 
     def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
-        worker r. Same shape on every worker."""
+        worker r. Same shape on every worker. One worker: ``x`` itself."""
+        if self.world_size == 1:
+            return tf.convert_to_tensor(x)
         return self._all_to_all(x, self._keys(1)[0])
+
+    def reduce(self, x: tf.Tensor, op: str) -> tf.Tensor:
+        """Element-wise ``op`` (``"Add"`` or ``"Max"``) of ``x`` over the workers (same shape
+        everywhere); every worker gets the result. One worker: ``x`` itself."""
+        if op not in ("Add", "Max"):
+            raise ValueError(f"Argument `op` must be Add or Max; received: {op!r}")
+        if self.world_size == 1:
+            return tf.convert_to_tensor(x)
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x, group_size=self.world_size, group_key=self.group_key,
+            instance_key=self._keys(1)[0], ordering_token=[], merge_op=op, final_op="Id",
+            timeout_seconds=self.timeout_seconds)
+
+    def gather(self, x: tf.Tensor) -> tf.Tensor:
+        """Every worker's ``x`` (same shape everywhere) concatenated along axis 0, in worker
+        order. One worker: ``x`` itself."""
+        if self.world_size == 1:
+            return tf.convert_to_tensor(x)
+        return tf.raw_ops.CollectiveGatherV2(
+            input=x, group_size=self.world_size, group_key=self.group_key,
+            instance_key=self._keys(1)[0], ordering_token=[],
+            timeout_seconds=self.timeout_seconds)
 
     def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0):
         """``use_dynamic``: rows of ``x`` ``[world_size, width, ...]`` hold ``counts[r]`` real

@@ -123,7 +123,7 @@ class JobGraph:
         dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
         used = [(g, t) for g, t in zip(sparse_grads, sparse_vars) if g is not None]
         sparse_op = _sparse_optimizer(self.cfg).apply_gradients(used)
-        dense_op = _dense_optimizer(self.cfg).apply_gradients(
+        dense_op = dense_optimizer(self.cfg).apply_gradients(
             [(g, v) for g, v in zip(dense_grads, dense_vars) if g is not None],
             global_step=self.global_step)
         return tf.group(dense_op, sparse_op, name="train_op")
@@ -147,15 +147,20 @@ def apply_model(model: tf.Module, cfg: JobConfig, dense, pooled: list) -> tf.Ten
     return model(dense, deep, wide)
 
 
-def _create_table(entry, seed: int):
-    init_cls = _INITIALIZERS[entry.initializer.name]
+def table_initializer(entry, seed: int):
+    """The TF initializer a table entry names, seeded with ``seed`` where it draws."""
     params = dict(entry.initializer.params)
     if entry.initializer.name in _SEEDED:
         params["seed"] = seed
+    return _INITIALIZERS[entry.initializer.name](**params)
+
+
+def _create_table(entry, seed: int):
     kwargs = {"admission_counter": entry.admission_counter,
               "rows_on": None if entry.rows_on == "auto" else entry.rows_on}  # None: the rule
     ssd_data_path = None if entry.ssd_data_path is None else list(entry.ssd_data_path)
-    return sf.create_table(tf.int64, tf.TensorShape([entry.dim]), entry.name, init_cls(**params),
+    return sf.create_table(tf.int64, tf.TensorShape([entry.dim]), entry.name,
+                           table_initializer(entry, seed),
                            device_vocabulary_size=entry.vocabulary_size,
                            host_vocabulary_size=entry.host_vocabulary_size,
                            ssd_vocabulary_size=entry.ssd_vocabulary_size,
@@ -207,7 +212,8 @@ def _sparse_optimizer(cfg: JobConfig):
         learning_rate=opt.learning_rate, **opt.params)
 
 
-def _dense_optimizer(cfg: JobConfig):
+def dense_optimizer(cfg: JobConfig):
+    """The job's ``tf.compat.v1.train`` optimizer of the dense variables."""
     opt = cfg.dense_optimizer
     train = tf.compat.v1.train
     builders = {"adam": train.AdamOptimizer, "sgd": train.GradientDescentOptimizer,

@@ -172,6 +172,18 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """``distributed``: how several workers share the tables (``sparseflow train --workers N``
+    or ``TF_CONFIG``). ``hash``: the owner rule (``mod``: ``key mod N``, Rec SDK's; ``mix``:
+    of the mixed key). ``send_count``: the most unique keys of one table a worker sends one
+    owner per step (Rec SDK's); null exchanges counts first (``use_dynamic``).
+    ``timeout_seconds``: a collective not done by then fails the step (a dead or stuck peer)."""
+    hash: str = "mod"
+    send_count: int | None = None
+    timeout_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A whole validated job. ``source_file`` is the config path as passed ("<string>" for text)."""
     name: str
@@ -185,6 +197,7 @@ class JobConfig:
     model: ModelConfig
     schedule: ScheduleConfig
     output: OutputConfig
+    distributed: DistributedConfig = DistributedConfig()
 
     def table(self, name: str) -> TableEntry:
         """The table called ``name``. Raises KeyError when there is none."""
@@ -291,7 +304,7 @@ MODELS = {"dlrm": ("bottom_mlp", "top_mlp", "interaction"),
 
 def _job(root: Node, file: str, default_name: str) -> JobConfig:
     mapping(root, ("name", "data", "columns", "tables", "features", "optimizer", "model",
-                   "schedule", "output"))
+                   "schedule", "output", "distributed"))
     name = string(root["name"], default_name, max_len=200)
     data = _data(root["data"])
     columns, column_nodes = _columns(root["columns"], data)
@@ -307,7 +320,19 @@ def _job(root: Node, file: str, default_name: str) -> JobConfig:
     mapping(output, ("dir", "tensorboard"))
     return JobConfig(name, file, data, columns, tuple(tables.values()), tuple(features),
                      sparse_optimizer, dense_optimizer, model, schedule,
-                     OutputConfig(string(output["dir"]), boolean(output["tensorboard"], True)))
+                     OutputConfig(string(output["dir"]), boolean(output["tensorboard"], True)),
+                     _distributed(root["distributed"]))
+
+
+def _distributed(n: Node) -> DistributedConfig:
+    mapping(n, ("hash", "send_count", "timeout_seconds"), {})
+    send_count = n["send_count"]
+    return DistributedConfig(
+        hash=choice(n["hash"], ("mod", "mix"), "mod"),
+        send_count=None if not send_count.present or send_count.value is None
+        else integer(send_count, 1, INT32_MAX),
+        timeout_seconds=number(n["timeout_seconds"], Range(0.0, 86_400.0, low_open=True),
+                               60.0))
 
 
 def _data(n: Node) -> DataConfig:
@@ -665,5 +690,7 @@ def _to_dict(cfg: JobConfig) -> dict:
                      "save_every": s.save_every, "log_every": s.log_every, "seed": s.seed,
                      "eviction": {"every_steps": s.eviction.every_steps}},
         "output": {"dir": cfg.output.dir, "tensorboard": cfg.output.tensorboard},
+        "distributed": {"hash": cfg.distributed.hash, "send_count": cfg.distributed.send_count,
+                        "timeout_seconds": cfg.distributed.timeout_seconds},
     }
 

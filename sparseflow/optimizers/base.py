@@ -177,17 +177,21 @@ class SparseOptimizer:
         @tf.autograph.experimental.do_not_convert
         def apply(*arrays):
             for j, table in enumerate(tables):
-                rows, values = arrays[2 * j], arrays[2 * j + 1]
-                storage = table.rows.allocate()
-                with self._lock:
-                    step = self._steps.get(table.table_name, 0) + 1
-                    self._steps[table.table_name] = step
-                self._update(storage, rows, np.ascontiguousarray(values, np.float32), step)
-                # Changed rows marked; evicted rows the gathered batches held may now be
-                # reused; a tiered table's updated slots unpinned.
-                table.after_update(rows)
+                self.apply_at_rows(table, arrays[2 * j], arrays[2 * j + 1])
             return np.int64(len(tables))
         return apply
+
+    def apply_at_rows(self, table, rows: np.ndarray, grads: np.ndarray) -> None:
+        """One update of a host table: counts the table's step, applies ``grads`` (float32
+        ``[U, dim]``, already summed per row) at ``rows`` (int32 ``[U]``, distinct; -1
+        skipped) with the numba kernel, then the table's bookkeeping (changed rows marked;
+        evicted rows its batches held may be reused; a tiered table's slots unpinned)."""
+        storage = table.rows.allocate()
+        with self._lock:
+            step = self._steps.get(table.table_name, 0) + 1
+            self._steps[table.table_name] = step
+        self._update(storage, rows, np.ascontiguousarray(grads, np.float32), step)
+        table.after_update(rows)
 
     def _update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray,
                 step: int) -> None:

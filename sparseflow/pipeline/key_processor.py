@@ -82,6 +82,30 @@ def _thread_scratch(n_keys: int) -> _Scratch:
     return _SCRATCH
 
 
+def dedup_keys(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray):
+    """A batch's distinct keys in first-occurrence order, with weighted counts.
+
+    Args:
+      keys: int64 ``[n]``, the keys of every segment concatenated.
+      seg_ends: int64 ``[S]``, exclusive end of each segment in ``keys``.
+      seg_coefs: int32 ``[S]``, what one occurrence in each segment counts (a feature's
+        ``faae_coefficient``; a received key's occurrences in multi-worker training).
+
+    Returns:
+      ``(uniq, restore, weight, U)``: int64 ``uniq[:U]`` the distinct keys, int32 ``restore[n]``
+      with ``keys[i] == uniq[restore[i]]``, int64 ``weight[:U]`` each key's weighted count.
+    """
+    keys = np.ascontiguousarray(keys, np.int64)
+    n = keys.shape[0]
+    restore = np.empty(n, np.int32)
+    uniq = np.empty(n, np.int64)
+    weight = np.empty(n, np.int64)
+    scratch = _thread_scratch(n)
+    n_unique = kk.dedup(keys, seg_ends, seg_coefs, scratch.keys, scratch.tags,
+                        scratch.next_generation(), uniq, restore, weight)
+    return uniq, restore, weight, n_unique
+
+
 class KeyProcessor:
     """Maps raw int64 keys of one table to row offsets.
 
@@ -160,16 +184,9 @@ class KeyProcessor:
           TableFullError: admitted keys need more rows than are free; nothing was changed.
           SendCountOverflowError: more unique keys than ``pad_to``.
         """
-        keys = np.ascontiguousarray(keys, np.int64)
-        n = keys.shape[0]
-        restore = np.empty(n, np.int32)
-        uniq = np.empty(n, np.int64)
-        weight = np.empty(n, np.int64)
         # Dedup reads only the batch and this thread's scratch: outside the table lock, so that
         # batches in flight under a parallel map overlap it.
-        scratch = _thread_scratch(n)
-        n_unique = kk.dedup(keys, seg_ends, seg_coefs, scratch.keys, scratch.tags,
-                            scratch.next_generation(), uniq, restore, weight)
+        uniq, restore, weight, n_unique = dedup_keys(keys, seg_ends, seg_coefs)
         out_len = n_unique if pad_to is None else pad_to
         if n_unique > out_len:
             raise SendCountOverflowError(

@@ -501,12 +501,7 @@ class Embedding(tf.Module):
                             f"{grads[k].shape[0]}.")
                     kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32), restore,
                                       summed)
-                optimizer = table.rows.optimizer
-                with optimizer._lock:  # noqa: SLF001 -- the kernel optimizer's step count
-                    step = optimizer._steps.get(table.table_name, 0) + 1  # noqa: SLF001
-                    optimizer._steps[table.table_name] = step  # noqa: SLF001
-                optimizer._update(table.rows.allocate(), rows, summed, step)  # noqa: SLF001
-                table.after_update(rows)
+                table.rows.optimizer.apply_at_rows(table, rows, summed)
             return np.int64(n_tables)
 
         return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],

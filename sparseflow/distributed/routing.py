@@ -1,0 +1,222 @@
+"""One training step's keys between workers: a worker's batch routed to the owners of its
+keys, and an owner's lookups and updates of the keys it received.
+
+Per step and worker (``docs/design-notes.md``, "Multi-worker training"):
+
+1. :meth:`KeyRouter.route` (in the ``tf.data`` pipeline): each table's keys deduplicated over
+   the table's features (each unique key with its weighted occurrences: what admission counts
+   on one worker), owners found, and every table's keys for owner r laid out one table after
+   another in row r of one ``[N, width, 2]`` int64 send buffer of ``(key, weight)`` pairs;
+   ``counts[r, t]`` says how many of row r belong to table t.
+2. The step exchanges counts and buffers (``Exchange``); each owner calls
+   :meth:`KeyRouter.lookup` on what it received: per table the keys of every sender go
+   through the table's key processor together (a key sent by two workers is one key whose
+   weights add up: admission, timestamps and row allocation as on one worker), and the
+   reply carries each received entry's embedding at the entry's place.
+3. The reply goes back; gradients come the same way; :meth:`KeyRouter.update` sums each
+   key's gradients from every worker and applies the table's sparse optimizer once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from sparseflow.distributed.sharding import PAD_KEY, owner_of
+from sparseflow.ops import key_kernels as kk
+from sparseflow.ops import shard_kernels
+from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_keys
+
+
+class KeyRouter:
+    """Routes a worker's keys to their owners and serves the keys this worker owns.
+
+    Args:
+      tables: this worker's shard of each table (``SparseTable`` with host rows and a bound
+        sparse optimizer), in table order.
+      feature_tables: for each feature (in batch order), the index of its table.
+      feature_coefs: for each feature, what one occurrence counts (``faae_coefficient``).
+      world_size: workers.
+      hash: the owner rule (``sharding.owner_of``).
+      send_count: the most unique keys of one table a worker sends one owner per step, or
+        None (``use_dynamic``: the buffer is as wide as the step needs).
+    """
+
+    def __init__(self, tables: list, feature_tables: list[int], feature_coefs: list[int],
+                 world_size: int, hash: str = "mod", send_count: int | None = None):
+        self.tables = tables
+        self.world_size = world_size
+        self.hash = hash
+        self.send_count = send_count
+        self.by_table = [[k for k, t in enumerate(feature_tables) if t == i]
+                         for i in range(len(tables))]
+        self.coefs = [np.asarray([feature_coefs[k] for k in members], np.int32)
+                      for members in self.by_table]
+        self.max_dim = max(t.dim for t in tables)
+        self._pending: dict[int, list] = {}
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+
+    @property
+    def n_features(self) -> int:
+        """Features routed per batch."""
+        return sum(len(m) for m in self.by_table)
+
+    # -- 1. the sender: a batch's keys to their owners -----------------------------------
+
+    def route(self, feature_keys: list[np.ndarray]):
+        """Routes one batch's keys (what the ``tf.data`` map runs).
+
+        Args:
+          feature_keys: per feature, its int64 keys flattened (every one a key).
+
+        Returns:
+          ``(send, counts, place, gather, sizes)``: int64 ``send [N, width, 2]`` (key,
+          weight; padding ``(-1, 0)``); int32 ``counts [N, T]``; int32 ``place [U, 2]``
+          (owner, slot in its row) of every table's unique keys one table after another;
+          int32 ``gather`` of every feature's keys one feature after another, each the key's
+          index in ``place``; int64 ``sizes [T + F]``: unique keys per table, keys per
+          feature.
+
+        Raises:
+          SendCountOverflowError: a table sends one owner more than ``send_count`` keys
+            (names the table and the value to set).
+        """
+        n, n_tables = self.world_size, len(self.tables)
+        uniqs, weights, owners, gathers = [], [], [], [None] * self.n_features
+        lengths = np.zeros(self.n_features, np.int64)
+        offset = 0
+        for t, members in enumerate(self.by_table):
+            keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in members]
+            for k, x in zip(members, keys):
+                lengths[k] = x.shape[0]
+            ends = np.cumsum(lengths[members])
+            uniq, restore, weight, n_unique = dedup_keys(
+                keys[0] if len(keys) == 1 else np.concatenate(keys), ends, self.coefs[t])
+            for k, start, end in zip(members, ends - lengths[members], ends):
+                gathers[k] = restore[start:end] + np.int32(offset)
+            uniqs.append(uniq[:n_unique])
+            weights.append(weight[:n_unique])
+            owners.append(owner_of(uniqs[-1], n, self.hash))
+            offset += n_unique
+        counts = np.zeros((n, n_tables), np.int32)
+        for t, owner in enumerate(owners):
+            counts[:, t] = np.bincount(owner, minlength=n)
+        if self.send_count is not None:
+            width = self.send_count * n_tables
+            if counts.size and counts.max() > self.send_count:
+                r, t = np.unravel_index(int(counts.argmax()), counts.shape)
+                raise SendCountOverflowError(
+                    f"Table `{self.tables[t].table_name}`: a batch sends {counts[r, t]} unique "
+                    f"keys to worker {r} of {n}, more than distributed.send_count="
+                    f"{self.send_count}. Set `distributed.send_count` to at least "
+                    f"{counts[r, t]}, or to null (exchange the counts first).")
+        else:
+            width = max(int(counts.sum(1).max()) if counts.size else 0, 1)
+        starts = np.cumsum(counts, axis=1) - counts          # table t's first slot in row r
+        send = np.empty((n * width, 2), np.int64)
+        send[:, 0] = PAD_KEY
+        send[:, 1] = 0
+        place = np.empty((offset, 2), np.int32)
+        offset = 0
+        for t, (uniq, weight, owner) in enumerate(zip(uniqs, weights, owners)):
+            slot = _rank_within_owner(owner, n) + starts[owner, t]
+            send[owner.astype(np.int64) * width + slot] = np.stack([uniq, weight], 1)
+            place[offset:offset + uniq.shape[0]] = np.stack([owner, slot], 1)
+            offset += uniq.shape[0]
+        sizes = np.concatenate([[u.shape[0] for u in uniqs], lengths]).astype(np.int64)
+        gather = (np.concatenate(gathers) if gathers else np.zeros(0)).astype(np.int32)
+        return send.reshape(n, width, 2), counts, place, gather, sizes
+
+    # -- 2. the owner: the keys it received ----------------------------------------------
+
+    def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
+               train: bool):
+        """Maps the keys every worker sent this owner to rows and reads their embeddings.
+
+        Args:
+          received: int64 ``[N, m, 2]``: row s is what worker s sent (key, weight).
+          counts: int32 ``[N, T]``: how many of row s belong to each table.
+          timestamp: the step's timestamp (the largest over all workers' batches), or None.
+          train: count, admit and allocate (training) or only read (evaluation: unknown
+            keys read zeros).
+
+        Returns:
+          ``(reply, token)``: float32 ``[N, m, max_dim]``, each received entry's embedding at
+          the entry's place (zeros for padding and keys without a row); int64 token for
+          :meth:`update` (0 for evaluation).
+
+        Raises:
+          TableFullError: a table's shard has no free row for an admitted key.
+        """
+        n, m = received.shape[0], received.shape[1]
+        flat = received.reshape(n * m, 2)
+        reply = np.zeros((n * m, self.max_dim), np.float32)
+        starts = np.cumsum(counts, axis=1) - counts
+        base = np.arange(n, dtype=np.int64)[:, None] * m
+        pending = []
+        for t, table in enumerate(self.tables):
+            entries = _entries(base[:, 0] + starts[:, t], counts[:, t])
+            keys = np.ascontiguousarray(flat[entries, 0])
+            # Each received entry is its own segment, its weight the occurrences it stands
+            # for: the key processor adds them up per key exactly as one worker would.
+            result = table.processor.process(
+                keys, np.arange(1, keys.shape[0] + 1, dtype=np.int64),
+                flat[entries, 1].astype(np.int32), train, timestamp)
+            values = table.rows.gather(result.rows)
+            reply[entries, :table.dim] = values[result.restore]
+            if train:
+                pending.append((entries, result))
+            else:
+                table.release_batch(result.seq, drain=True)
+        if not train:
+            return reply.reshape(n, m, self.max_dim), np.int64(0)
+        with self._lock:
+            token = next(self._tokens)
+            self._pending[token] = pending
+        return reply.reshape(n, m, self.max_dim), np.int64(token)
+
+    def update(self, token: int, grads: np.ndarray) -> np.int64:
+        """Applies the gradients every worker sent back for the keys of :meth:`lookup`
+        ``token``: per table, each key's gradients summed over entries (so over workers),
+        then one optimizer update of its row.
+
+        Args:
+          token: from :meth:`lookup`.
+          grads: float32 ``[N, m, max_dim]`` in the layout :meth:`lookup` received.
+
+        Returns:
+          The number of tables updated.
+        """
+        with self._lock:
+            pending = self._pending.pop(int(token))
+        flat = grads.reshape(-1, grads.shape[-1])
+        for table, (entries, result) in zip(self.tables, pending):
+            summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
+            kk.sum_by_restore(np.ascontiguousarray(flat[entries, :table.dim]),
+                              result.restore, summed)
+            table.rows.optimizer.apply_at_rows(table, result.rows, summed)
+            table.release_batch(result.seq, drain=True)
+        return np.int64(len(pending))
+
+
+def _rank_within_owner(owner: np.ndarray, world_size: int) -> np.ndarray:
+    """Each key's rank among the keys of its owner, in order (the send buffers' stable
+    counting sort, with rows wide enough for every key)."""
+    width = max(owner.shape[0], 1)
+    positions = np.empty(owner.shape[0], np.int64)
+    shard_kernels.bucket_positions(owner, world_size, width,
+                                   np.zeros(world_size, np.int32), positions)
+    return positions - owner.astype(np.int64) * width
+
+
+def _entries(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The flat indices ``starts[s] .. starts[s] + counts[s]`` of every s, concatenated."""
+    counts = counts.astype(np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.repeat(starts.astype(np.int64) - (np.cumsum(counts) - counts), counts)
+    return np.arange(total, dtype=np.int64) + offsets

@@ -1,0 +1,498 @@
+"""Trains a YAML job on N workers: tables sharded by key, dense variables replicated.
+
+Every worker runs this with its own ``TF_CONFIG`` (``sparseflow train --workers N`` starts N
+local ones). ``tf.distribute.MultiWorkerMirroredStrategy`` starts TensorFlow's gRPC server
+and collective executor; each step then makes the same sequence of collectives on every
+worker (``Exchange``): keys to their owners, embeddings back, gradients to the owners, and
+one all-reduce of the dense gradients and the loss. Worker r reads rows ``[r*B/N,
+(r+1)*B/N)`` of every global batch of ``schedule.batch_size`` rows, so N workers train on
+the same global batches as one. See docs/multi-worker.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from typing import IO
+
+import numpy as np
+import tensorflow as tf
+
+from sparseflow.checkpoint import sparse_format as fmt
+from sparseflow.checkpoint import table_state
+from sparseflow.distributed.cluster import World
+from sparseflow.distributed.exchange import Exchange
+from sparseflow.distributed.routing import KeyRouter
+from sparseflow.distributed.sharding import PAD_KEY, rebucket
+from sparseflow.embed.table_config import make_table_config
+from sparseflow.jobs.data import make_dataset
+from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
+from sparseflow.jobs.runner import CHECKPOINT_SUBDIR, SUMMARY_FILE, has_eval_split, output_dir
+from sparseflow.jobs.schema import JobConfig
+from sparseflow.models import build_model, pool
+from sparseflow.optimizers.adagrad import Adagrad
+from sparseflow.optimizers.ftrl import Ftrl
+from sparseflow.optimizers.gradient_descent import GradientDescent
+from sparseflow.optimizers.hparams import (adagrad_hparams, ftrl_hparams, lazy_adam_hparams,
+                                           sgd_hparams)
+from sparseflow.optimizers.lazy_adam import LazyAdam
+from sparseflow.synthetic import auc
+from sparseflow.table import SparseTable, _default_seed
+
+_SPARSE_KERNELS = {"lazy_adam": (LazyAdam, lazy_adam_hparams), "sgd": (GradientDescent, sgd_hparams),
+                   "adagrad": (Adagrad, adagrad_hparams), "ftrl": (Ftrl, ftrl_hparams)}
+WORLD_FILE = "world.json"   # written last: a step directory with it is a complete checkpoint
+KEEP_CHECKPOINTS = 3
+# What a lost peer looks like from a collective: its timeout, the coordination service's
+# heartbeats, or the collective executor cancelled after another collective failed.
+_PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.CancelledError, tf.errors.AbortedError)
+
+
+class WorkerLostError(RuntimeError):
+    """A collective did not complete: another worker died, hung or left."""
+
+
+def shard_tables(cfg: JobConfig) -> list[SparseTable]:
+    """This worker's shard of every table of ``cfg``: host rows, each shard with room for
+    ``vocabulary_size`` keys (Rec SDK's per-device size), the job's admission, eviction and
+    sparse optimizer.
+
+    Raises:
+      ValueError: a table asks for device rows or a host/disk tier (not sharded yet).
+    """
+    kernel_cls, hparams = _SPARSE_KERNELS[cfg.sparse_optimizer.name]
+    kernel = kernel_cls(hparams(learning_rate=cfg.sparse_optimizer.learning_rate,
+                                **cfg.sparse_optimizer.params), runtime=False)
+    tables = []
+    for i, entry in enumerate(cfg.tables):
+        if entry.rows_on == "device" or entry.host_vocabulary_size or entry.ssd_vocabulary_size:
+            raise ValueError(
+                f"tables.{entry.name}: multi-worker training keeps every shard's rows in host "
+                f"memory; rows_on must be host or auto and host_vocabulary_size / "
+                f"ssd_vocabulary_size 0, got rows_on={entry.rows_on}, host_vocabulary_size="
+                f"{entry.host_vocabulary_size}, ssd_vocabulary_size="
+                f"{entry.ssd_vocabulary_size}.")
+        config = make_table_config(tf.int64, entry.dim, entry.name,
+                                   table_initializer(entry, cfg.schedule.seed + i),
+                                   device_vocabulary_size=entry.vocabulary_size,
+                                   admission_counter=entry.admission_counter)
+        table = SparseTable(config, _default_seed(entry.name), rows_on="host")
+        table.access_threshold = entry.access_threshold
+        table.processor.threshold = entry.access_threshold
+        table.processor.size_hint = f"tables.{entry.name}.vocabulary_size"
+        if entry.eviction_threshold >= 0:
+            table.eviction_threshold = entry.eviction_threshold
+            table.processor.track_in_flight = True
+        table.rows.bind_optimizer(kernel)
+        tables.append(table)
+    return tables
+
+
+class ShardedJob:
+    """A job's model, table shards, data and steps on one worker of ``world``.
+
+    Args:
+      cfg: the validated job.
+      world: this worker's place (``World(0, 1)``: one worker, no collectives).
+    """
+
+    def __init__(self, cfg: JobConfig, world: World):
+        self.cfg, self.world = cfg, world
+        n = world.size
+        if cfg.schedule.batch_size % n:
+            raise ValueError(f"schedule.batch_size ({cfg.schedule.batch_size}) must be a "
+                             f"multiple of the number of workers ({n}): each worker trains "
+                             f"on an equal part of every global batch.")
+        self.local_batch = cfg.schedule.batch_size // n
+        self.exchange = Exchange(n, cfg.distributed.timeout_seconds)
+        self.tables = shard_tables(cfg)
+        names = [t.name for t in cfg.tables]
+        self.router = KeyRouter(self.tables, [names.index(f.table) for f in cfg.features],
+                                [f.faae_coefficient for f in cfg.features], n,
+                                cfg.distributed.hash, cfg.distributed.send_count)
+        self.model = build_model(cfg.model.name, cfg.model.params,
+                                 n_outputs=len(cfg.columns.labels), seed=cfg.schedule.seed)
+        call_on_zeros(self.model, cfg)
+        self.optimizer = dense_optimizer(cfg)
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.dims = [cfg.table(f.table).dim for f in cfg.features]
+        self.bytes_sent = 0.0           # this worker's collective payload, for the summary
+        self._train_step = tf.function(self._train, reduce_retracing=True)
+        self._eval_step = tf.function(self._evaluate, reduce_retracing=True)
+        self._barrier = tf.function(lambda: self.exchange.reduce(tf.ones([1]), "Add"))
+        n_dense = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
+        self.dense_parameters = n_dense
+
+    # -- data ------------------------------------------------------------------------------
+
+    def dataset(self, split: str, skip: int = 0) -> tf.data.Dataset:
+        """This worker's part of every global batch of ``split``, its keys routed."""
+        cfg, r, b = self.cfg, self.world.index, self.local_batch
+        ds = make_dataset(cfg.data, cfg.columns, split, batch_size=cfg.schedule.batch_size,
+                          seed=cfg.schedule.seed, repeat=split == "train")
+        if skip:
+            ds = ds.skip(skip)
+        ds = ds.map(lambda batch: {k: v[r * b:(r + 1) * b] for k, v in batch.items()})
+        features, ts_column = cfg.features, cfg.columns.timestamp
+        router = self.router
+
+        @tf.autograph.experimental.do_not_convert
+        def route(*keys):
+            return router.route(list(keys))
+
+        def with_routes(batch):
+            keys = [tf.reshape(tf.cast(batch[f.index_key], tf.int64), [-1]) for f in features]
+            send, counts, place, gather, sizes = tf.numpy_function(
+                route, keys, [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64],
+                stateful=False, name="sparseflow_route_keys")
+            n, t = self.world.size, len(self.tables)
+            out = dict(batch)
+            out.update({"route/send": tf.ensure_shape(send, [n, None, 2]),
+                        "route/counts": tf.ensure_shape(counts, [n, t]),
+                        "route/place": tf.ensure_shape(place, [None, 2]),
+                        "route/gather": tf.ensure_shape(gather, [None]),
+                        "route/sizes": tf.ensure_shape(sizes, [t + len(features)])})
+            out["route/timestamp"] = (
+                tf.reduce_max(tf.cast(tf.reshape(batch[ts_column], [-1]), tf.int64))
+                if ts_column and split == "train" else tf.constant(-1, tf.int64))
+            return out
+
+        return ds.map(with_routes, num_parallel_calls=2, deterministic=True).prefetch(2)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _embeddings(self, batch: dict, train: bool):
+        """Keys to owners, owners' lookups, embeddings back: every unique key's embedding
+        ``[U, max_dim]`` (in ``route/place`` order), the lookup's token, the agreed width m
+        and each key's flat place in the ``[N * m]`` reply."""
+        ex, router = self.exchange, self.router
+        counts = ex.all_to_all(batch["route/counts"])
+        send = batch["route/send"]
+        most = ex.reduce(tf.stack([tf.cast(tf.shape(send)[1], tf.int64),
+                                   batch["route/timestamp"]]), "Max")
+        m = tf.cast(most[0], tf.int32)
+        pad = tf.maximum(m - tf.shape(send)[1], 0)
+        send = tf.pad(send, [[0, 0], [0, pad], [0, 0]], constant_values=PAD_KEY)
+        received = ex.all_to_all(send)
+
+        @tf.autograph.experimental.do_not_convert
+        def lookup(received, counts, timestamp):
+            return router.lookup(received, counts, None if timestamp < 0 else int(timestamp),
+                                 train)
+
+        reply, token = tf.numpy_function(lookup, [received, counts, most[1]],
+                                         [tf.float32, tf.int64], stateful=True,
+                                         name="sparseflow_owner_lookup")
+        reply = tf.ensure_shape(reply, [self.world.size, None, router.max_dim])
+        back = ex.all_to_all(reply)
+        place = batch["route/place"]
+        where = place[:, 0] * m + place[:, 1]
+        unique = tf.gather(tf.reshape(back, [-1, router.max_dim]), where)
+        return unique, token, m, where
+
+    def _logits(self, batch: dict, unique: tf.Tensor) -> tf.Tensor:
+        pooled, start = [], 0
+        for f, dim in zip(self.cfg.features, self.dims):
+            keys = batch[f.index_key]
+            n = int(np.prod(keys.shape.as_list()))   # static: every key of the feature
+            index = batch["route/gather"][start:start + n]
+            start += n
+            emb = tf.gather(unique[:, :dim], index)
+            emb = tf.reshape(emb, keys.shape.as_list() + [dim])
+            pooled.append(pool(emb, keys, f.combiner))
+        return apply_model(self.model, self.cfg, batch.get("dense"), pooled)
+
+    def _scale(self) -> float:
+        """Per-example losses summed and divided by this: the global batch's mean."""
+        return float(self.cfg.schedule.batch_size * len(self.cfg.columns.labels))
+
+    def _train(self, batch: dict):
+        ex = self.exchange
+        unique, token, m, where = self._embeddings(batch, True)
+        variables = list(self.model.trainable_variables)
+        with tf.GradientTape() as tape:
+            tape.watch(unique)
+            logits = self._logits(batch, unique)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=batch["labels"], logits=logits)) / self._scale()
+        grads = tape.gradient(loss, variables + [unique])
+        sparse = tf.convert_to_tensor(grads[-1])
+        dims = self.router.max_dim
+        to_owners = tf.scatter_nd(where[:, None], sparse,
+                                  tf.stack([self.world.size * m, dims]))
+        received = ex.all_to_all(tf.reshape(to_owners, [self.world.size, -1, dims]))
+        updated = tf.numpy_function(self.router.update, [token, received], tf.int64,
+                                    stateful=True, name="sparseflow_owner_update")
+        dense = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads[:-1], variables)]
+        flat = ex.reduce(tf.concat([tf.reshape(g, [-1]) for g in dense]
+                                   + [tf.reshape(loss, [1])], 0), "Add")
+        summed, start = [], 0
+        for v in variables:
+            size = int(np.prod(v.shape))
+            summed.append(tf.reshape(flat[start:start + size], v.shape))
+            start += size
+        with tf.control_dependencies([updated]):
+            apply = self.optimizer.apply_gradients(zip(summed, variables),
+                                                   global_step=self.global_step)
+        with tf.control_dependencies([apply]):
+            return tf.identity(flat[-1]), m
+
+    def _evaluate(self, batch: dict):
+        unique, _, m, _ = self._embeddings(batch, False)
+        logits = self._logits(batch, unique)
+        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=batch["labels"], logits=logits))
+        return loss, tf.sigmoid(logits), batch["labels"], m
+
+    def step_bytes(self, m: int) -> float:
+        """What this worker sends in one training step: counts, keys (with weights),
+        embeddings and gradients to the N-1 others, and a ring all-reduce of the dense
+        gradients (2 (N-1)/N of them)."""
+        n, t, d = self.world.size, len(self.tables), self.router.max_dim
+        if n == 1:
+            return 0.0
+        others = n - 1
+        all_to_all = others * (t * 4 + m * 16 + 2 * m * d * 4)
+        return all_to_all + 2.0 * others / n * (self.dense_parameters + 1) * 4
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run_step(self, batch: dict) -> float:
+        """One training step; returns the global batch's loss."""
+        loss, m = self._train_step(batch)
+        self.bytes_sent += self.step_bytes(int(m))
+        return float(loss)
+
+    def evaluate(self) -> dict:
+        """Loss and AUC over the eval split (or ``eval_steps`` global batches), each worker
+        on its part of every batch; the same numbers on every worker."""
+        limit = self.cfg.schedule.eval_steps or None
+        sums, probs, labels = [], [], []
+        for batch in self.dataset("eval"):
+            loss, p, y, _ = self._eval_step(batch)
+            sums.append(float(loss))
+            probs.append(p.numpy())
+            labels.append(y.numpy())
+            if limit is not None and len(sums) >= limit:
+                break
+        if not sums:
+            raise ValueError("The eval split produced no batch: it has fewer rows than "
+                             f"schedule.batch_size ({self.cfg.schedule.batch_size}).")
+        gather = tf.function(self.exchange.gather)
+        add = tf.function(lambda x: self.exchange.reduce(x, "Add"))
+        p = gather(tf.constant(np.concatenate(probs))).numpy()
+        y = gather(tf.constant(np.concatenate(labels))).numpy()
+        loss_sums = add(tf.constant(sums, tf.float64)).numpy()
+        metrics = {"loss": float(np.mean(loss_sums / self._scale())), "batches": len(sums)}
+        for i, name in enumerate(self.cfg.columns.labels):
+            metrics[f"auc/{name}"] = auc(y[:, i], p[:, i])
+        metrics["auc"] = metrics[f"auc/{self.cfg.columns.labels[0]}"]
+        return metrics
+
+    def evict(self) -> dict:
+        """Evicts stale keys from this worker's shards; ``{table: keys removed}``."""
+        return {t.table_name: t.processor.evict(t.eviction_threshold).keys_removed
+                for t in self.tables if t.eviction_threshold >= 0}
+
+    def table_stats(self) -> dict:
+        """Per table, the sums over all workers' shards of keys held, keys evicted, keys
+        counted but not admitted, capacity, and the keys this worker holds."""
+        fields = ("keys_held", "keys_evicted", "keys_counted_not_admitted", "capacity")
+        local = np.array([[t.stats()[k] or 0 for k in fields] for t in self.tables],
+                         np.float64)
+        total = tf.function(lambda x: self.exchange.reduce(x, "Add"))(
+            tf.constant(local)).numpy()
+        return {t.table_name: {**{k: int(v) for k, v in zip(fields, row)},
+                               "keys_held_here": int(mine)}
+                for t, row, mine in zip(self.tables, total, local[:, 0])}
+
+    def barrier(self) -> None:
+        """Returns once every worker has reached it."""
+        self._barrier()
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _dense_checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   global_step=self.global_step)
+
+    def save(self, ckpt_dir: str, step: int) -> str:
+        """Writes this worker's shards, then (worker 0) the dense variables and the
+        ``world.json`` that marks the checkpoint complete; every worker returns once it is.
+
+        Returns:
+          The checkpoint's directory.
+        """
+        n, r = self.world.size, self.world.index
+        final = os.path.join(ckpt_dir, f"step-{step:09d}")
+        shard = os.path.join(final, f"worker-{r}-of-{n}")
+        if os.path.isdir(shard):  # a crashed earlier save of this step
+            shutil.rmtree(shard)
+        entries = {}
+        for t in self.tables:
+            config = {"dim": t.dim, "capacity": t.capacity(),
+                      "access_threshold": t.access_threshold,
+                      "eviction_threshold": t.eviction_threshold}
+            entries[t.table_name] = fmt.write_table_state(shard, t.table_name,
+                                                          table_state.capture(t), t.dim, config)
+        fmt.write_manifest(shard, entries)
+        self.barrier()          # every shard written
+        if self.world.chief:
+            self._dense_checkpoint().write(os.path.join(final, "dense", "ckpt"))
+            meta = {"step": step, "world_size": n, "hash": self.cfg.distributed.hash,
+                    "tables": [t.table_name for t in self.tables]}
+            tmp = os.path.join(final, WORLD_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(meta, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(final, WORLD_FILE))
+            for old in complete_checkpoints(ckpt_dir)[:-KEEP_CHECKPOINTS]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.barrier()          # complete before anyone goes on
+        return final
+
+    def restore(self, path: str) -> int:
+        """Loads a checkpoint saved by any number of workers: each table's shards re-bucketed
+        to this world's owners, the dense variables from worker 0's copy. Returns its step.
+
+        Raises:
+          CheckpointError: a missing, truncated or corrupt file, or a table the checkpoint
+            lacks.
+        """
+        with open(os.path.join(path, WORLD_FILE)) as f:
+            meta = json.load(f)
+        old_n = int(meta["world_size"])
+        shards = []
+        for i in range(old_n):
+            directory = os.path.join(path, f"worker-{i}-of-{old_n}")
+            manifest = fmt.read_manifest(directory)
+            fmt.verify_files(directory, manifest)
+            shards.append((directory, manifest))
+        for t in self.tables:
+            missing = [d for d, m in shards if t.table_name not in m["tables"]]
+            if missing:
+                raise fmt.CheckpointError(f"Checkpoint {path!r} has no table "
+                                          f"`{t.table_name}` (in {missing[0]!r}).")
+            states = [fmt.read_table_state(d, t.table_name, m["tables"][t.table_name])
+                      for d, m in shards]
+            if old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash:
+                mine = states[self.world.index]
+            else:
+                mine = rebucket(states, self.world.size, self.cfg.distributed.hash)[
+                    self.world.index]
+            table_state.apply(t, mine, f"{path} ({old_n} workers)")
+        self._dense_checkpoint().read(os.path.join(path, "dense", "ckpt"))
+        return int(meta["step"])
+
+
+def complete_checkpoints(ckpt_dir: str) -> list[str]:
+    """The step directories of ``ckpt_dir`` holding a ``world.json``, oldest first."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    found = [os.path.join(ckpt_dir, d) for d in sorted(os.listdir(ckpt_dir))
+             if d.startswith("step-") and os.path.exists(os.path.join(ckpt_dir, d, WORLD_FILE))]
+    return found
+
+
+def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dict:
+    """Trains ``cfg`` as worker ``world.index`` of ``world.size`` to ``schedule.max_steps``,
+    resuming from the newest complete checkpoint in ``<output.dir>/checkpoints`` (saved by
+    any number of workers).
+
+    Returns:
+      The run's summary (worker 0 also writes it to ``<output.dir>/summary.json``): steps,
+      samples/s, the loss of every step of this run, evaluation metrics, table statistics
+      summed over the shards, bytes this worker sent per step.
+
+    Raises:
+      WorkerLostError: a collective did not complete within ``distributed.timeout_seconds``
+        (another worker died or hangs); the message names the last complete checkpoint.
+      ValueError: the data or the config cannot be trained on this many workers.
+    """
+    stream = stream if stream is not None else sys.stdout
+    out = output_dir(cfg)
+    ckpt_dir = os.path.join(out, CHECKPOINT_SUBDIR)
+    os.makedirs(out, exist_ok=True)
+    if world.size > 1:
+        # Starts this worker's gRPC server and the collective executor from TF_CONFIG.
+        tf.distribute.MultiWorkerMirroredStrategy()
+    job = ShardedJob(cfg, world)
+    sched = cfg.schedule
+    prefix = f"[worker {world.index}/{world.size}] "
+
+    def log(text: str) -> None:
+        print(prefix + text, file=stream, flush=True)
+
+    complete = complete_checkpoints(ckpt_dir)
+    start = job.restore(complete[-1]) if complete else 0
+    last_saved = complete[-1] if complete else None
+    if start:
+        log(f"resumed from {last_saved} (step {start})")
+    if world.chief:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg.to_dict(), f, indent=2)
+    losses, evals = [], []
+    step = start
+    began = time.perf_counter()
+    try:
+        batches = iter(job.dataset("train", skip=start))
+        while step < sched.max_steps:
+            losses.append(job.run_step(next(batches)))
+            step += 1
+            if step % sched.log_every == 0 or step == sched.max_steps:
+                rate = (step - start) * sched.batch_size / (time.perf_counter() - began)
+                log(f"step {step}/{sched.max_steps}: loss {losses[-1]:.5f}  "
+                    f"{rate:,.0f} samples/s")
+            if sched.eviction.every_steps and step % sched.eviction.every_steps == 0:
+                removed = job.evict()
+                log(f"step {step}: evicted {sum(removed.values())} keys from this shard")
+            if sched.save_every and step % sched.save_every == 0:
+                last_saved = job.save(ckpt_dir, step)
+            if has_eval_split(cfg) and sched.eval_every and step % sched.eval_every == 0 \
+                    and step < sched.max_steps:
+                evals.append({"step": step, **job.evaluate()})
+                log(_eval_text(evals[-1]))
+        seconds = time.perf_counter() - began
+        if not complete or step != start:
+            last_saved = job.save(ckpt_dir, step)
+        final_eval = job.evaluate() if has_eval_split(cfg) else None
+        if final_eval:
+            log(_eval_text({"step": step, **final_eval}))
+        tables = job.table_stats()
+    except _PEER_ERRORS as err:
+        where = (f"the last complete checkpoint is {last_saved}" if last_saved
+                 else "no checkpoint was completed")
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise WorkerLostError(
+            f"worker {world.index} of {world.size}: step {step + 1} could not complete: "
+            f"another worker stopped answering ({type(err).__name__}: {first_line[:300]}). "
+            f"Training stopped; {where}. Restart all {world.size} workers (or any number) "
+            f"with the same command to resume from it.") from None
+    trained = step - start
+    summary = {
+        "name": cfg.name, "workers": world.size, "steps": step, "steps_this_run": trained,
+        "samples": trained * sched.batch_size, "seconds": seconds,
+        "samples_per_second": trained * sched.batch_size / seconds if seconds else 0.0,
+        "losses": losses, "first_step": start + 1,
+        "final_loss": losses[-1] if losses else None, "evaluations": evals,
+        "eval": final_eval, "tables": tables, "checkpoint": last_saved,
+        "bytes_sent_per_step": job.bytes_sent / trained if trained else 0.0,
+    }
+    if world.chief:
+        with open(os.path.join(out, SUMMARY_FILE), "w") as f:
+            json.dump(summary, f, indent=2)
+    log(f"trained {trained} steps ({step} in all) at {summary['samples_per_second']:,.0f} "
+        f"samples/s; checkpoint {last_saved}")
+    return summary
+
+
+def _eval_text(metrics: dict) -> str:
+    aucs = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("auc/"))
+    return (f"step {metrics['step']}: eval loss {metrics['loss']:.4f}  {aucs}  "
+            f"({metrics['batches']} batches)")
