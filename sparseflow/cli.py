@@ -267,9 +267,9 @@ def _train(args, cfg) -> int:
 
     try:
         train(cfg, world or World(0, 1))
-    except WorkerLostError as e:
+    except (WorkerLostError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        # TensorFlow's teardown of a cluster with a dead peer can block: leave now.
+        # TensorFlow's teardown of a cluster with a failed or dead peer can block: leave now.
         os._exit(EXIT_FAILED)
     return EXIT_OK
 

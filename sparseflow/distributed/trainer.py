@@ -465,10 +465,18 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         if final_eval:
             log(_eval_text({"step": step, **final_eval}))
         tables = job.table_stats()
-    except _PEER_ERRORS as err:
+    except tf.errors.OpError as err:
+        if not isinstance(err, _PEER_ERRORS):
+            ours = _our_error(str(err))
+            if ours is None:
+                raise
+            # A sparseflow error raised inside a numpy function reaches here wrapped in
+            # TensorFlow's traceback: give the user its own message.
+            raise ValueError(f"worker {world.index} of {world.size}, step {step + 1}: "
+                             f"{ours}") from None
         where = (f"the last complete checkpoint is {last_saved}" if last_saved
                  else "no checkpoint was completed")
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        first_line = _cause(str(err))
         raise WorkerLostError(
             f"worker {world.index} of {world.size}: step {step + 1} could not complete: "
             f"another worker stopped answering ({type(err).__name__}: {first_line[:300]}). "
@@ -490,6 +498,28 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     log(f"trained {trained} steps ({step} in all) at {summary['samples_per_second']:,.0f} "
         f"samples/s; checkpoint {last_saved}")
     return summary
+
+
+def _our_error(message: str) -> str | None:
+    """``"SendCountOverflowError: ..."`` when a TensorFlow error wraps one of sparseflow's
+    (raised in a numpy function), else None."""
+    for line in message.splitlines():
+        for name in ("SendCountOverflowError", "TableFullError", "CheckpointError"):
+            if f"{name}: " in line:
+                return line[line.index(name):].strip()
+    return None
+
+
+def _cause(message: str) -> str:
+    """The line of a TensorFlow error that says what happened (its first line is often
+    only "Graph execution error:")."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in lines:
+        lowered = line.lower()
+        if any(w in lowered for w in ("timed out", "unavailable", "cancel", "abort",
+                                      "heartbeat", "connect", "failed")):
+            return line
+    return lines[0] if lines else ""
 
 
 def _eval_text(metrics: dict) -> str:

@@ -1,0 +1,228 @@
+"""Multi-worker training end to end: worker processes on loopback (``sparseflow train
+--workers N`` and workers started with their own TF_CONFIG) against one worker on the same
+global batches.
+
+The job mixes what sharding must keep exact: a table whose keys need 2 occurrences to be
+admitted, a table with eviction on a timestamp column, a multi-hot feature with padding, two
+features sharing a table with different ``faae_coefficient``s, and tables of different dims.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparseflow.checkpoint import sparse_format as fmt
+from sparseflow.distributed.cluster import local_tf_config
+from sparseflow.distributed.launch import free_ports
+from sparseflow.distributed.sharding import owner_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH, STEPS = 128, 16
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+
+
+def write_data(directory) -> str:
+    rng = np.random.default_rng(7)
+    n = BATCH * 24
+    c1 = (rng.zipf(1.3, n) % 3000).astype(np.int64) - 1500      # negative keys too
+    c2 = (rng.zipf(1.5, (n, 3)) % 800).astype(np.int64)
+    c2[rng.random((n, 3)) < 0.3] = -1                             # padding
+    c3 = (rng.zipf(1.4, n) % 500).astype(np.int64) * 7919
+    c4 = rng.integers(0, 40, n).astype(np.int64)
+    ts = np.arange(n, dtype=np.int64) // 8 + 1000
+    y = ((c1 % 3 == 0) ^ (rng.random(n) < 0.2)).astype(np.float32)
+    table = pa.table({"label": y, "I1": rng.random(n).astype(np.float32),
+                      "C1": c1, "C2": pa.array(list(c2), pa.list_(pa.int64())), "C3": c3,
+                      "C4": c4, "ts": ts})
+    path = os.path.join(directory, "train.parquet")
+    pq.write_table(table, path)
+    pq.write_table(table.slice(0, BATCH * 4), os.path.join(directory, "eval.parquet"))
+    return path
+
+
+def write_config(directory, out, extra: str = "") -> str:
+    data = write_data(directory)
+    text = f"""
+name: sharded
+data:
+  source: parquet
+  train: [{data}]
+  eval: [{os.path.join(directory, "eval.parquet")}]
+columns:
+  labels: [label]
+  dense: [I1]
+  sparse: {{C1: {{}}, C2: {{length: 3}}, C3: {{}}, C4: {{}}}}
+  timestamp: ts
+tables:
+  defaults: {{dim: 8, vocabulary_size: 6000}}
+  t1: {{access_threshold: 2, eviction_threshold: 20}}
+  t2: {{dim: 4}}
+  t3: {{}}
+features:
+  C1: {{table: t1}}
+  C2: {{table: t2, combiner: sum}}
+  C3: {{table: t3}}
+  C4: {{table: t3, faae_coefficient: 2}}
+optimizer:
+  sparse: {{name: lazy_adam, learning_rate: 0.02}}
+  dense: {{name: adam, learning_rate: 0.01}}
+model: {{name: dcn_v2, cross_layers: 1, deep_mlp: [16], low_rank: 4}}
+schedule: {{batch_size: {BATCH}, max_steps: {STEPS}, log_every: 1, save_every: 4,
+           eval_steps: 2, eviction: {{every_steps: 4}}}}
+output: {{dir: {out}}}
+distributed: {{timeout_seconds: 15}}
+{extra}"""
+    path = os.path.join(directory, "job.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def sparseflow(*args, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "sparseflow", *args], cwd=ROOT,
+                          env=env or ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def summary(out) -> dict:
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def shard_states(out, step) -> list[dict]:
+    """Per worker of the checkpoint at ``step``: {table: TableState}."""
+    path = os.path.join(out, "checkpoints", f"step-{step:09d}")
+    shards = sorted(glob.glob(os.path.join(path, "worker-*")))
+    result = []
+    for directory in shards:
+        manifest = fmt.read_manifest(directory)
+        result.append({name: fmt.read_table_state(directory, name, entry)
+                       for name, entry in manifest["tables"].items()})
+    return result
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    """The reference: one worker, the whole of every global batch."""
+    d = tmp_path_factory.mktemp("one")
+    out = str(d / "out")
+    config = write_config(str(d), out)
+    done = sparseflow("train", config, "--workers", "1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return config, out, summary(out)
+
+
+def test_two_workers_train_exactly_like_one(one_worker, tmp_path):
+    _, _, reference = one_worker
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    done = sparseflow("train", config, "--workers", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    two = summary(out)
+    assert two["workers"] == 2 and two["steps"] == STEPS
+    np.testing.assert_allclose(two["losses"], reference["losses"], rtol=0, atol=1e-5)
+    assert abs(two["eval"]["auc"] - reference["eval"]["auc"]) < 1e-5
+    for name, stats in reference["tables"].items():   # summed over the shards
+        for key in ("keys_held", "keys_evicted", "keys_counted_not_admitted"):
+            assert two["tables"][name][key] == stats[key], (name, key)
+    assert reference["tables"]["t1"]["keys_evicted"] > 0          # eviction ran
+    assert reference["tables"]["t1"]["keys_counted_not_admitted"] > 0   # admission waited
+    assert two["bytes_sent_per_step"] > 0 == reference["bytes_sent_per_step"]
+
+    # Each key lives on exactly one worker, its owner, with the one worker's row.
+    ref = shard_states(one_worker[1], STEPS)[0]
+    shards = shard_states(out, STEPS)
+    assert len(shards) == 2
+    for name, whole in ref.items():
+        keys = np.concatenate([s[name].keys for s in shards])
+        assert np.unique(keys).shape[0] == keys.shape[0], name
+        for r, s in enumerate(shards):
+            assert (owner_of(s[name].keys, 2) == r).all(), (name, r)
+        assert set(keys.tolist()) == set(whole.keys.tolist()), name
+        values = np.concatenate([s[name].values for s in shards])
+        counts = np.concatenate([s[name].counts for s in shards])
+        order, ref_order = np.argsort(keys), np.argsort(whole.keys)
+        np.testing.assert_allclose(values[order], whole.values[ref_order], atol=1e-5)
+        np.testing.assert_array_equal(counts[order], whole.counts[ref_order])
+
+
+def test_one_worker_checkpoint_continues_on_two_and_two_on_one(one_worker, tmp_path):
+    _, _, reference = one_worker
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    half = sparseflow("train", config, "--workers", "1", "--set", "schedule.max_steps=8")
+    assert half.returncode == 0, half.stderr[-3000:]
+    rest = sparseflow("train", config, "--workers", "2", "--set", "schedule.max_steps=12")
+    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:]
+    assert "resumed from" in rest.stdout and "step 8)" in rest.stdout
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][8:12], atol=1e-5)
+    last = sparseflow("train", config, "--workers", "1")      # 2 -> 1
+    assert last.returncode == 0, last.stderr[-3000:]
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][12:], atol=1e-5)
+    assert abs(summary(out)["eval"]["auc"] - reference["eval"]["auc"]) < 1e-5
+
+
+def test_a_killed_worker_stops_the_other_with_a_clear_error_and_training_resumes(
+        one_worker, tmp_path):
+    _, _, reference = one_worker
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    ports = free_ports(2)
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "sparseflow", "train", config, "--no-progress"], cwd=ROOT,
+        env=dict(ENV, TF_CONFIG=local_tf_config(ports, i)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        for line in procs[1].stdout:          # worker 1 past the checkpoint of step 8
+            if "step 10/" in line:
+                break
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        output, _ = procs[0].communicate(timeout=90)
+        waited = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 1, output[-3000:]
+    assert waited < 15 + 30, waited   # bounded by the collective timeout, not a hang
+    assert "another worker stopped answering" in output, output[-3000:]
+    assert "last complete checkpoint is" in output and "step-000000008" in output
+    assert "Restart all 2 workers" in output
+    resumed = sparseflow("train", config, "--workers", "2")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "step 8)" in resumed.stdout
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][8:], atol=1e-5)
+
+
+def test_usage_errors_name_what_is_wrong(tmp_path):
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    bad = sparseflow("train", config, "--workers", "0")
+    assert bad.returncode == 2 and "--workers must be in [1, 64], got 0" in bad.stderr
+    odd = sparseflow("train", config, "--workers", "3")
+    assert odd.returncode == 1
+    assert "schedule.batch_size (128) must be a multiple of the number of workers (3)" in (
+        odd.stdout + odd.stderr + _worker_logs(out))
+    broken = sparseflow("train", config, env=dict(ENV, TF_CONFIG="{not json"))
+    assert broken.returncode == 1 and "TF_CONFIG must be JSON like" in broken.stderr
+    both = sparseflow("train", config, "--workers", "2",
+                      env=dict(ENV, TF_CONFIG=local_tf_config([1, 2], 0)))
+    assert both.returncode == 2 and "unset one of them" in both.stderr
+    small = sparseflow("train", config, "--workers", "1", "--set",
+                       "distributed.send_count=1")
+    assert small.returncode == 1 and "Traceback" not in small.stderr
+    assert "error: worker 0 of 1, step 1: SendCountOverflowError: Table `t3`: a batch sends" \
+        in small.stderr and "more than distributed.send_count=1" in small.stderr
+
+
+def _worker_logs(out) -> str:
+    return "".join(open(p).read() for p in glob.glob(os.path.join(out, "workers", "*.log")))
