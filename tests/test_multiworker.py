@@ -203,6 +203,36 @@ def test_a_killed_worker_stops_the_other_with_a_clear_error_and_training_resumes
     np.testing.assert_allclose(summary(out)["losses"], reference["losses"][8:], atol=1e-5)
 
 
+def test_one_sharded_worker_trains_like_the_session_trainer(tmp_path):
+    """The sharded step against an independent path: the Session graph of ``sparseflow
+    train`` (sparse_lookup, the Rec SDK optimizers), same batches and seed. Eviction off:
+    the Session pipeline processes batches ahead, so its eviction clock runs ahead."""
+    import tensorflow as tf
+
+    import sparseflow as sf
+    from sparseflow.jobs.runner import job_graph
+    from sparseflow.jobs.schema import load_config
+
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    off = ["schedule.eviction.every_steps=0", "schedule.max_steps=10"]
+    done = sparseflow("train", config, "--workers", "1", *[a for o in off for a in ("--set", o)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    cfg = load_config(config, off)
+    session_losses = []
+    try:
+        with job_graph(cfg, training=True, evaluation=False) as job, \
+                tf.compat.v1.Session(graph=job.graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(job.train_iterator.initializer)
+            for _ in range(10):
+                loss, _ = sess.run([job.train.loss, job.train_op])
+                session_losses.append(float(loss))
+    finally:
+        sf.terminate_config_initializer()
+    np.testing.assert_allclose(summary(out)["losses"], session_losses, rtol=0, atol=1e-5)
+
+
 def test_usage_errors_name_what_is_wrong(tmp_path):
     out = str(tmp_path / "out")
     config = write_config(str(tmp_path), out)
