@@ -121,8 +121,7 @@ class ShardedJob:
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.dims = [cfg.table(f.table).dim for f in cfg.features]
         self.bytes_sent = 0.0           # this worker's collective payload, for the summary
-        self._train_step = tf.function(self._train, reduce_retracing=True)
-        self._eval_step = tf.function(self._evaluate, reduce_retracing=True)
+        self._train_step = self._eval_step = None   # traced once, for the data's signature
         self._barrier = tf.function(lambda: self.exchange.reduce(tf.ones([1]), "Add"))
         n_dense = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
         self.dense_parameters = n_dense
@@ -262,8 +261,18 @@ class ShardedJob:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def _signature(self, batch: dict) -> list:
+        """The batch's structure with the routing buffers' step-dependent sizes left open,
+        so that a step is traced once (a retrace costs seconds)."""
+        open_shapes = {"route/send": [self.world.size, None, 2], "route/place": [None, 2],
+                       "route/gather": [None]}
+        return [{k: tf.TensorSpec(open_shapes.get(k, v.shape), v.dtype)
+                 for k, v in batch.items()}]
+
     def run_step(self, batch: dict) -> float:
         """One training step; returns the global batch's loss."""
+        if self._train_step is None:
+            self._train_step = tf.function(self._train, input_signature=self._signature(batch))
         loss, m = self._train_step(batch)
         self.bytes_sent += self.step_bytes(int(m))
         return float(loss)
@@ -274,6 +283,9 @@ class ShardedJob:
         limit = self.cfg.schedule.eval_steps or None
         sums, probs, labels = [], [], []
         for batch in self.dataset("eval"):
+            if self._eval_step is None:
+                self._eval_step = tf.function(self._evaluate,
+                                              input_signature=self._signature(batch))
             loss, p, y, _ = self._eval_step(batch)
             sums.append(float(loss))
             probs.append(p.numpy())
@@ -445,6 +457,8 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         while step < sched.max_steps:
             losses.append(job.run_step(next(batches)))
             step += 1
+            if step == start + 1:
+                warm = time.perf_counter()   # after the first step's tracing
             if step % sched.log_every == 0 or step == sched.max_steps:
                 rate = (step - start) * sched.batch_size / (time.perf_counter() - began)
                 log(f"step {step}/{sched.max_steps}: loss {losses[-1]:.5f}  "
@@ -459,6 +473,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                 evals.append({"step": step, **job.evaluate()})
                 log(_eval_text(evals[-1]))
         seconds = time.perf_counter() - began
+        warm_seconds = time.perf_counter() - warm if step > start else 0.0
         if not complete or step != start:
             last_saved = job.save(ckpt_dir, step)
         final_eval = job.evaluate() if has_eval_split(cfg) else None
@@ -487,6 +502,9 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         "name": cfg.name, "workers": world.size, "steps": step, "steps_this_run": trained,
         "samples": trained * sched.batch_size, "seconds": seconds,
         "samples_per_second": trained * sched.batch_size / seconds if seconds else 0.0,
+        # Without the first step (it traces the step functions and compiles kernels).
+        "samples_per_second_warm": ((trained - 1) * sched.batch_size / warm_seconds
+                                    if trained > 1 and warm_seconds else None),
         "losses": losses, "first_step": start + 1,
         "final_loss": losses[-1] if losses else None, "evaluations": evals,
         "eval": final_eval, "tables": tables, "checkpoint": last_saved,
