@@ -71,7 +71,6 @@ def run(kind: str, steps: int, out: str) -> dict:
 def projection(counts: list[int], dense_parameters: int, dim: int, n_tables: int,
                step_seconds: float) -> list[dict]:
     """Bytes and exchange time per worker per step for N workers (see the module doc)."""
-    from sparseflow.distributed.cluster import World
     from sparseflow.distributed.routing import KeyRouter
     from sparseflow.distributed.trainer import shard_tables
     from sparseflow.jobs.data import make_dataset
@@ -96,11 +95,10 @@ def projection(counts: list[int], dense_parameters: int, dim: int, n_tables: int
             widths.append(send.shape[1])
             to_others.append(int(c.sum() - c[r].sum()))
         m = max(widths)
-        world_bytes = World(0, n)
         all_to_all = (n - 1) * (n_tables * 4 + m * 16 + 2 * m * dim * 4)
         dense = 2.0 * (n - 1) / n * (dense_parameters + 1) * 4
         useful = statistics.mean(to_others) * (16 + 2 * dim * 4)
-        row = {"workers": world_bytes.size, "width": m, "keys_to_others": statistics.mean(
+        row = {"workers": n, "width": m, "keys_to_others": statistics.mean(
             to_others), "bytes": all_to_all + dense, "useful": useful + dense}
         for name, bw in BANDWIDTHS.items():
             seconds = row["bytes"] * 8 / bw + LATENCY_S * (
@@ -127,9 +125,6 @@ def main() -> None:
                       f"{results[kind][-1]['bytes'] / 1e6:.2f} MB sent per worker per step",
                       flush=True)
     median = {k: statistics.median(x["rate"] for x in v) for k, v in results.items()}
-    bytes2 = statistics.median(x["bytes"] for x in results["sharded2"])
-    import tensorflow as tf
-
     from sparseflow.jobs.graph import call_on_zeros
     from sparseflow.jobs.schema import load_config
     from sparseflow.models import build_model
@@ -138,7 +133,6 @@ def main() -> None:
     model = build_model(cfg.model.name, cfg.model.params, n_outputs=1)
     call_on_zeros(model, cfg)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    del tf
     step_seconds = BATCH / median["sharded1"]
     rows = projection([2, 8, 32, 100], params, 16, len(cfg.tables), step_seconds)
 
@@ -162,7 +156,7 @@ def main() -> None:
                      f" | {b / 1e6:.2f} MB |")
     lines += [
         "",
-        f"Per round (samples/s): " + "; ".join(
+        "Per round (samples/s): " + "; ".join(
             f"{k} " + ", ".join(f"{x['rate']:,.0f}" for x in v) for k, v in results.items()),
         "",
         "The two local workers share the machine's cores, so this measures the exchange's "

@@ -153,6 +153,26 @@ def test_two_workers_train_exactly_like_one(one_worker, tmp_path):
         np.testing.assert_allclose(values[order], whole.values[ref_order], atol=1e-5)
         np.testing.assert_array_equal(counts[order], whole.counts[ref_order])
 
+    # eval and export read the sharded checkpoint (merged once into a single-process one).
+    evaluated = sparseflow("eval", config, "--checkpoint", out)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert f"eval loss {two['eval']['loss']:.4f}  auc/label {two['eval']['auc']:.4f}" in \
+        evaluated.stdout
+    served_dir = str(tmp_path / "served")
+    exported = sparseflow("export", config, "--checkpoint", out, "--out", served_dir)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    import tensorflow as tf
+
+    rows = pq.read_table(os.path.join(str(tmp_path), "eval.parquet")).slice(0, 2 * BATCH)
+    features = {"C1": rows["C1"].to_numpy(), "C3": rows["C3"].to_numpy(),
+                "C4": rows["C4"].to_numpy(), "C2": np.stack(rows["C2"].to_numpy(False)),
+                "dense": rows["I1"].to_numpy()[:, None]}
+    p = tf.saved_model.load(served_dir).signatures["serving_default"](
+        **{k: tf.constant(v) for k, v in features.items()})["probabilities"].numpy()[:, 0]
+    y = rows["label"].to_numpy()
+    served_loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+    assert abs(served_loss - two["eval"]["loss"]) < 1e-4
+
 
 def test_one_worker_checkpoint_continues_on_two_and_two_on_one(one_worker, tmp_path):
     _, _, reference = one_worker

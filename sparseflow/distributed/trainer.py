@@ -26,6 +26,8 @@ from sparseflow.checkpoint import table_state
 from sparseflow.distributed.cluster import World
 from sparseflow.distributed.exchange import Exchange
 from sparseflow.distributed.routing import KeyRouter
+from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints, open_shards,
+                                                read_world, table_shards)
 from sparseflow.distributed.sharding import PAD_KEY, rebucket
 from sparseflow.embed.table_config import make_table_config
 from sparseflow.jobs.data import make_dataset
@@ -44,7 +46,6 @@ from sparseflow.table import SparseTable, _default_seed
 
 _SPARSE_KERNELS = {"lazy_adam": (LazyAdam, lazy_adam_hparams), "sgd": (GradientDescent, sgd_hparams),
                    "adagrad": (Adagrad, adagrad_hparams), "ftrl": (Ftrl, ftrl_hparams)}
-WORLD_FILE = "world.json"   # written last: a step directory with it is a complete checkpoint
 KEEP_CHECKPOINTS = 3
 # What a lost peer looks like from a collective: its timeout, the coordination service's
 # heartbeats, or the collective executor cancelled after another collective failed.
@@ -377,22 +378,11 @@ class ShardedJob:
           CheckpointError: a missing, truncated or corrupt file, or a table the checkpoint
             lacks.
         """
-        with open(os.path.join(path, WORLD_FILE)) as f:
-            meta = json.load(f)
+        meta = read_world(path)
         old_n = int(meta["world_size"])
-        shards = []
-        for i in range(old_n):
-            directory = os.path.join(path, f"worker-{i}-of-{old_n}")
-            manifest = fmt.read_manifest(directory)
-            fmt.verify_files(directory, manifest)
-            shards.append((directory, manifest))
+        shards = open_shards(path)
         for t in self.tables:
-            missing = [d for d, m in shards if t.table_name not in m["tables"]]
-            if missing:
-                raise fmt.CheckpointError(f"Checkpoint {path!r} has no table "
-                                          f"`{t.table_name}` (in {missing[0]!r}).")
-            states = [fmt.read_table_state(d, t.table_name, m["tables"][t.table_name])
-                      for d, m in shards]
+            states = table_shards(path, shards, t.table_name)
             if old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash:
                 mine = states[self.world.index]
             else:
@@ -401,15 +391,6 @@ class ShardedJob:
             table_state.apply(t, mine, f"{path} ({old_n} workers)")
         self._dense_checkpoint().read(os.path.join(path, "dense", "ckpt"))
         return int(meta["step"])
-
-
-def complete_checkpoints(ckpt_dir: str) -> list[str]:
-    """The step directories of ``ckpt_dir`` holding a ``world.json``, oldest first."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    found = [os.path.join(ckpt_dir, d) for d in sorted(os.listdir(ckpt_dir))
-             if d.startswith("step-") and os.path.exists(os.path.join(ckpt_dir, d, WORLD_FILE))]
-    return found
 
 
 def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dict:

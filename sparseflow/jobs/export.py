@@ -43,7 +43,7 @@ def export(cfg: JobConfig, checkpoint: str, out: str) -> str:
     Raises:
       ValueError: no checkpoint at ``checkpoint``; ``out`` exists and is not empty.
     """
-    prefix = resolve_checkpoint(checkpoint)
+    prefix = resolve_checkpoint(checkpoint, cfg)
     out = os.path.abspath(os.path.expanduser(str(out)))
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ValueError(f"Argument `out` must be a new or empty directory. Received: {out!r}")

@@ -166,7 +166,7 @@ def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None) 
       ValueError: no checkpoint at ``checkpoint``, or the job has no eval split.
     """
     stream = stream if stream is not None else sys.stdout
-    prefix = resolve_checkpoint(checkpoint)
+    prefix = resolve_checkpoint(checkpoint, cfg)
     with job_graph(cfg, training=False, evaluation=True) as job, \
             tf.compat.v1.Session(graph=job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -193,12 +193,15 @@ def has_eval_split(cfg: JobConfig) -> bool:
     return bool(data.eval)
 
 
-def resolve_checkpoint(checkpoint: str) -> str:
+def resolve_checkpoint(checkpoint: str, cfg: JobConfig | None = None) -> str:
     """A checkpoint prefix from a prefix or a directory (its newest checkpoint, also looking in
-    its ``checkpoints/`` subdirectory, where ``train`` writes them).
+    its ``checkpoints/`` subdirectory, where ``train`` writes them). With ``cfg``, a sharded
+    checkpoint of multi-worker training there is merged into a single-process one first
+    (``sparseflow.distributed.convert``), once.
 
     Raises:
       ValueError: nothing restorable there.
+      CheckpointError: a sharded checkpoint with a missing or corrupt file.
     """
     path = os.path.abspath(os.path.expanduser(str(checkpoint)))
     if os.path.isdir(path):
@@ -206,6 +209,13 @@ def resolve_checkpoint(checkpoint: str) -> str:
             latest = sf.latest_checkpoint(directory)
             if latest:
                 return latest
+        if cfg is not None:
+            from sparseflow.distributed.convert import to_single_process
+            from sparseflow.distributed.shard_files import sharded_checkpoint
+
+            sharded = sharded_checkpoint(path, CHECKPOINT_SUBDIR)
+            if sharded:
+                return to_single_process(cfg, sharded)
     elif os.path.exists(path + ".index"):
         return path
     raise ValueError(f"Argument `checkpoint` must be a checkpoint prefix or a directory holding "

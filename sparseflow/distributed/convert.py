@@ -1,0 +1,42 @@
+"""A sharded checkpoint (``world.json`` + ``worker-r-of-N/`` + ``dense/``) as the
+single-process checkpoint ``sparseflow eval`` and ``export`` read: every table's shards
+merged (``rebucket`` to one worker), the dense variables loaded into the job's Session graph,
+saved with its ``Saver`` next to the shards (``single-process/model-<step>``), once."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from sparseflow.checkpoint import table_state
+from sparseflow.distributed.shard_files import open_shards, read_world, table_shards
+from sparseflow.distributed.sharding import rebucket
+
+SINGLE_PROCESS_DIR = "single-process"
+
+
+def to_single_process(cfg, path: str) -> str:
+    """The single-process checkpoint prefix of the sharded checkpoint ``path`` (written on
+    the first call).
+
+    Raises:
+      CheckpointError: a missing, truncated or corrupt file; a table the checkpoint lacks.
+    """
+    from sparseflow.jobs.runner import job_graph
+
+    step = int(read_world(path)["step"])
+    prefix = os.path.join(path, SINGLE_PROCESS_DIR, "model")
+    if os.path.exists(f"{prefix}-{step}.index"):
+        return f"{prefix}-{step}"
+    with job_graph(cfg, training=False, evaluation=False) as job, \
+            tf.compat.v1.Session(graph=job.graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        status = tf.train.Checkpoint(model=job.model).read(os.path.join(path, "dense", "ckpt"))
+        status.expect_partial().run_restore_ops(sess)
+        shards = open_shards(path)
+        for name, table in job.tables.items():
+            merged = rebucket(table_shards(path, shards, name), 1)[0]
+            table_state.apply(table, merged, path, sess)
+        sess.run(job.global_step.assign(step))
+        return job.saver.save(sess, prefix, global_step=step, write_meta_graph=False)
