@@ -65,6 +65,7 @@ def run(kind: str, steps: int, out: str) -> dict:
     rate = summary["samples_per_sec"] if kind == "session" else summary[
         "samples_per_second_warm"]
     return {"rate": rate, "bytes": summary.get("bytes_sent_per_step", 0.0),
+            "stages": summary.get("ms_per_step"),
             "loss": summary.get("final_loss") or summary.get("train_loss")}
 
 
@@ -161,6 +162,20 @@ def main() -> None:
         "",
         "The two local workers share the machine's cores, so this measures the exchange's "
         "overhead, not scaling.",
+        "",
+        "Where the sharded step's time goes (median ms per step, worker 0; the rest of a "
+        "step is TensorFlow: the exchange, the model, the dense update): "
+        + "; ".join(f"{label}: " + ", ".join(
+            f"{stage} {statistics.median(x['stages'][stage] for x in results[kind]):.1f}"
+            for stage in ("route", "lookup", "update"))
+            for kind, label in (("sharded1", "1 worker"), ("sharded2", "2 workers")))
+        + f" (a step: {1000 * BATCH / median['sharded1']:.0f} ms with 1 worker, "
+        f"{1000 * BATCH / median['sharded2']:.0f} ms with 2). The Session trainer runs the "
+        "key processing that `lookup` does (admission, row allocation, new rows' initial "
+        "values) in `tf.data`, overlapped with the previous step; the sharded step can only "
+        "run it once the keys have reached their owner, inside the step. Running the key "
+        "exchange and owner processing one batch ahead (a second collective group on its own "
+        "thread) would overlap it again; not built yet.",
         "",
         f"**Projection** (weak scaling, 4096 rows per worker per step; {params:,} dense "
         f"parameters; bytes from routing real generated batches for N workers; time = bytes / "

@@ -19,8 +19,10 @@ Per step and worker (``docs/design-notes.md``, "Multi-worker training"):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
+import time
 
 import numpy as np
 
@@ -28,6 +30,20 @@ from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.ops import key_kernels as kk
 from sparseflow.ops import shard_kernels
 from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_keys
+
+
+def _timed(stage: str):
+    """Adds the call's wall time to ``self.seconds[stage]``."""
+    def wrap(method):
+        @functools.wraps(method)
+        def timed(self, *args, **kwargs):
+            begin = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.seconds[stage] += time.perf_counter() - begin
+        return timed
+    return wrap
 
 
 class KeyRouter:
@@ -56,6 +72,8 @@ class KeyRouter:
                       for members in self.by_table]
         self.max_dim = max(t.dim for t in tables)
         self._pending: dict[int, list] = {}
+        # Seconds spent in each stage (for the run's summary: where a step's time goes).
+        self.seconds = {"route": 0.0, "lookup": 0.0, "update": 0.0}
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -66,6 +84,7 @@ class KeyRouter:
 
     # -- 1. the sender: a batch's keys to their owners -----------------------------------
 
+    @_timed("route")
     def route(self, feature_keys: list[np.ndarray]):
         """Routes one batch's keys (what the ``tf.data`` map runs).
 
@@ -132,6 +151,7 @@ class KeyRouter:
 
     # -- 2. the owner: the keys it received ----------------------------------------------
 
+    @_timed("lookup")
     def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
                train: bool):
         """Maps the keys every worker sent this owner to rows and reads their embeddings.
@@ -178,6 +198,7 @@ class KeyRouter:
             self._pending[token] = pending
         return reply.reshape(n, m, self.max_dim), np.int64(token)
 
+    @_timed("update")
     def update(self, token: int, grads: np.ndarray) -> np.int64:
         """Applies the gradients every worker sent back for the keys of :meth:`lookup`
         ``token``: per table, each key's gradients summed over entries (so over workers),

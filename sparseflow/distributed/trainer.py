@@ -34,6 +34,7 @@ from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
 from sparseflow.jobs.runner import CHECKPOINT_SUBDIR, SUMMARY_FILE, has_eval_split, output_dir
 from sparseflow.jobs.schema import JobConfig
+from sparseflow.jobs.summaries import ScalarWriter
 from sparseflow.models import build_model, pool
 from sparseflow.optimizers.adagrad import Adagrad
 from sparseflow.optimizers.ftrl import Ftrl
@@ -430,6 +431,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     if world.chief:
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(cfg.to_dict(), f, indent=2)
+    writer = ScalarWriter(out if cfg.output.tensorboard and world.chief else None)
     losses, evals = [], []
     step = start
     began = time.perf_counter()
@@ -444,6 +446,8 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                 rate = (step - start) * sched.batch_size / (time.perf_counter() - began)
                 log(f"step {step}/{sched.max_steps}: loss {losses[-1]:.5f}  "
                     f"{rate:,.0f} samples/s")
+                writer.scalars(step, {"train/loss": float(np.mean(losses[-sched.log_every:])),
+                                      "train/samples_per_sec": rate})
             if sched.eviction.every_steps and step % sched.eviction.every_steps == 0:
                 removed = job.evict()
                 log(f"step {step}: evicted {sum(removed.values())} keys from this shard")
@@ -453,14 +457,21 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                     and step < sched.max_steps:
                 evals.append({"step": step, **job.evaluate()})
                 log(_eval_text(evals[-1]))
+                writer.scalars(step, {f"eval/{k}": v for k, v in evals[-1].items()
+                                      if k != "step"})
         seconds = time.perf_counter() - began
+        stage_seconds = dict(job.router.seconds)
         warm_seconds = time.perf_counter() - warm if step > start else 0.0
-        if not complete or step != start:
+        if last_saved is None or os.path.basename(last_saved) != f"step-{step:09d}":
             last_saved = job.save(ckpt_dir, step)
         final_eval = job.evaluate() if has_eval_split(cfg) else None
         if final_eval:
             log(_eval_text({"step": step, **final_eval}))
+            writer.scalars(step, {f"eval/{k}": v for k, v in final_eval.items()})
         tables = job.table_stats()
+        writer.scalars(step, {f"tables/{name}/{k}": v for name, stats in tables.items()
+                              for k, v in stats.items() if k != "keys_held_here"})
+        writer.close()
     except tf.errors.OpError as err:
         if not isinstance(err, _PEER_ERRORS):
             ours = _our_error(str(err))
@@ -490,6 +501,11 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         "final_loss": losses[-1] if losses else None, "evaluations": evals,
         "eval": final_eval, "tables": tables, "checkpoint": last_saved,
         "bytes_sent_per_step": job.bytes_sent / trained if trained else 0.0,
+        # Where a step's time goes outside TensorFlow's kernels: routing a batch's keys (in
+        # tf.data, overlapping the step), the owner's lookups (key processing, new rows'
+        # initial values, gathers; evaluation included) and updates (inside the step).
+        "ms_per_step": {stage: 1000 * value / trained if trained else 0.0
+                        for stage, value in stage_seconds.items()},
     }
     if world.chief:
         with open(os.path.join(out, SUMMARY_FILE), "w") as f:
