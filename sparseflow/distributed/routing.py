@@ -19,6 +19,7 @@ Per step and worker (``docs/design-notes.md``, "Multi-worker training"):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import threading
@@ -44,6 +45,16 @@ def _timed(stage: str):
                 self.seconds[stage] += time.perf_counter() - begin
         return timed
     return wrap
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A processed step's entries and key-processor results per table, by token."""
+
+    n: int
+    m: int
+    train: bool
+    tables: list
 
 
 class KeyRouter:
@@ -73,7 +84,7 @@ class KeyRouter:
         self.max_dim = max(t.dim for t in tables)
         self._pending: dict[int, list] = {}
         # Seconds spent in each stage (for the run's summary: where a step's time goes).
-        self.seconds = {"route": 0.0, "lookup": 0.0, "update": 0.0}
+        self.seconds = {"route": 0.0, "process": 0.0, "gather": 0.0, "update": 0.0}
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -151,52 +162,68 @@ class KeyRouter:
 
     # -- 2. the owner: the keys it received ----------------------------------------------
 
-    @_timed("lookup")
-    def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
-               train: bool):
-        """Maps the keys every worker sent this owner to rows and reads their embeddings.
+    @_timed("process")
+    def process(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
+                train: bool) -> np.int64:
+        """Maps the keys every worker sent this owner to rows: per table, every sender's
+        entries through the shard's key processor as one batch.
 
         Args:
           received: int64 ``[N, m, 2]``: row s is what worker s sent (key, weight).
           counts: int32 ``[N, T]``: how many of row s belong to each table.
           timestamp: the step's timestamp (the largest over all workers' batches), or None.
           train: count, admit and allocate (training) or only read (evaluation: unknown
-            keys read zeros).
+            keys get no row).
 
         Returns:
-          ``(reply, token)``: float32 ``[N, m, max_dim]``, each received entry's embedding at
-          the entry's place (zeros for padding and keys without a row); int64 token for
-          :meth:`update` (0 for evaluation).
+          An int64 token (> 0) for :meth:`gather` (and, training, :meth:`update`).
 
         Raises:
           TableFullError: a table's shard has no free row for an admitted key.
         """
         n, m = received.shape[0], received.shape[1]
         flat = received.reshape(n * m, 2)
-        reply = np.zeros((n * m, self.max_dim), np.float32)
         starts = np.cumsum(counts, axis=1) - counts
-        base = np.arange(n, dtype=np.int64)[:, None] * m
-        pending = []
+        base = np.arange(n, dtype=np.int64) * m
+        tables = []
         for t, table in enumerate(self.tables):
-            entries = _entries(base[:, 0] + starts[:, t], counts[:, t])
-            keys = np.ascontiguousarray(flat[entries, 0])
+            entries = _entries(base + starts[:, t], counts[:, t])
             # Each received entry is its own segment, its weight the occurrences it stands
             # for: the key processor adds them up per key exactly as one worker would.
             result = table.processor.process(
-                keys, np.arange(1, keys.shape[0] + 1, dtype=np.int64),
+                np.ascontiguousarray(flat[entries, 0]),
+                np.arange(1, entries.shape[0] + 1, dtype=np.int64),
                 flat[entries, 1].astype(np.int32), train, timestamp)
-            values = table.rows.gather(result.rows)
-            reply[entries, :table.dim] = values[result.restore]
-            if train:
-                pending.append((entries, result))
-            else:
-                table.release_batch(result.seq, drain=True)
-        if not train:
-            return reply.reshape(n, m, self.max_dim), np.int64(0)
+            tables.append((entries, result))
         with self._lock:
             token = next(self._tokens)
-            self._pending[token] = pending
-        return reply.reshape(n, m, self.max_dim), np.int64(token)
+            self._pending[token] = _Pending(n, m, train, tables)
+        return np.int64(token)
+
+    @_timed("gather")
+    def gather(self, token: int) -> np.ndarray:
+        """The embeddings of :meth:`process` ``token``'s entries: float32 ``[N, m,
+        max_dim]``, each at the entry's place (zeros for padding and keys without a row).
+        Read at call time: after the previous step's update."""
+        with self._lock:
+            pending = self._pending[int(token)]
+            if not pending.train:
+                del self._pending[int(token)]
+        reply = np.zeros((pending.n * pending.m, self.max_dim), np.float32)
+        for table, (entries, result) in zip(self.tables, pending.tables):
+            values = table.rows.gather(result.rows)
+            reply[entries, :table.dim] = values[result.restore]
+            if not pending.train:
+                table.release_batch(result.seq, drain=True)
+        return reply.reshape(pending.n, pending.m, self.max_dim)
+
+    def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
+               train: bool):
+        """:meth:`process` then :meth:`gather`: ``(reply, token)``, token 0 for evaluation
+        (nothing to update)."""
+        token = self.process(received, counts, timestamp, train)
+        reply = self.gather(token)
+        return reply, token if train else np.int64(0)
 
     @_timed("update")
     def update(self, token: int, grads: np.ndarray) -> np.int64:
@@ -212,7 +239,7 @@ class KeyRouter:
           The number of tables updated.
         """
         with self._lock:
-            pending = self._pending.pop(int(token))
+            pending = self._pending.pop(int(token)).tables
         flat = grads.reshape(-1, grads.shape[-1])
         for table, (entries, result) in zip(self.tables, pending):
             summed = np.zeros((result.rows.shape[0], table.dim), np.float32)

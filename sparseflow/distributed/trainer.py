@@ -11,6 +11,7 @@ the same global batches as one. See docs/multi-worker.md.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import tensorflow as tf
 from sparseflow.checkpoint import sparse_format as fmt
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed.cluster import World
-from sparseflow.distributed.exchange import Exchange
+from sparseflow.distributed.exchange import GROUP_KEY, Exchange
 from sparseflow.distributed.routing import KeyRouter
 from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints, open_shards,
                                                 read_world, table_shards)
@@ -111,6 +112,8 @@ class ShardedJob:
                              f"on an equal part of every global batch.")
         self.local_batch = cfg.schedule.batch_size // n
         self.exchange = Exchange(n, cfg.distributed.timeout_seconds)
+        self.key_exchange = Exchange(n, cfg.distributed.timeout_seconds,
+                                     group_key=GROUP_KEY + 1)
         self.tables = shard_tables(cfg)
         names = [t.name for t in cfg.tables]
         self.router = KeyRouter(self.tables, [names.index(f.table) for f in cfg.features],
@@ -123,7 +126,8 @@ class ShardedJob:
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.dims = [cfg.table(f.table).dim for f in cfg.features]
         self.bytes_sent = 0.0           # this worker's collective payload, for the summary
-        self._train_step = self._eval_step = None   # traced once, for the data's signature
+        # Traced once, for the data's signature.
+        self._keys_step = self._train_step = self._eval_step = None
         self._barrier = tf.function(lambda: self.exchange.reduce(tf.ones([1]), "Add"))
         n_dense = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
         self.dense_parameters = n_dense
@@ -166,11 +170,11 @@ class ShardedJob:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def _embeddings(self, batch: dict, train: bool):
-        """Keys to owners, owners' lookups, embeddings back: every unique key's embedding
-        ``[U, max_dim]`` (in ``route/place`` order), the lookup's token, the agreed width m
-        and each key's flat place in the ``[N * m]`` reply."""
-        ex, router = self.exchange, self.router
+    def _keys(self, batch: dict, train: bool):
+        """Keys to their owners and the owners' key processing: the token of this worker's
+        share of the step, and the agreed width m. Its own collective group, so that it can
+        run one batch ahead of the step on another thread."""
+        ex, router = self.key_exchange, self.router
         counts = ex.all_to_all(batch["route/counts"])
         send = batch["route/send"]
         most = ex.reduce(tf.stack([tf.cast(tf.shape(send)[1], tf.int64),
@@ -181,19 +185,26 @@ class ShardedJob:
         received = ex.all_to_all(send)
 
         @tf.autograph.experimental.do_not_convert
-        def lookup(received, counts, timestamp):
-            return router.lookup(received, counts, None if timestamp < 0 else int(timestamp),
-                                 train)
+        def process(received, counts, timestamp):
+            return router.process(received, counts, None if timestamp < 0 else int(timestamp),
+                                  train)
 
-        reply, token = tf.numpy_function(lookup, [received, counts, most[1]],
-                                         [tf.float32, tf.int64], stateful=True,
-                                         name="sparseflow_owner_lookup")
+        token = tf.numpy_function(process, [received, counts, most[1]], tf.int64,
+                                  stateful=True, name="sparseflow_owner_keys")
+        return token, m
+
+    def _embeddings(self, batch: dict, token: tf.Tensor, m: tf.Tensor):
+        """The owners' rows of a processed step read and sent back: every unique key's
+        embedding ``[U, max_dim]`` (in ``route/place`` order) and each key's flat place in
+        the ``[N * m]`` reply."""
+        router = self.router
+        reply = tf.numpy_function(router.gather, [token], tf.float32, stateful=True,
+                                  name="sparseflow_owner_gather")
         reply = tf.ensure_shape(reply, [self.world.size, None, router.max_dim])
-        back = ex.all_to_all(reply)
+        back = self.exchange.all_to_all(reply)
         place = batch["route/place"]
         where = place[:, 0] * m + place[:, 1]
-        unique = tf.gather(tf.reshape(back, [-1, router.max_dim]), where)
-        return unique, token, m, where
+        return tf.gather(tf.reshape(back, [-1, router.max_dim]), where), where
 
     def _logits(self, batch: dict, unique: tf.Tensor) -> tf.Tensor:
         pooled, start = [], 0
@@ -211,9 +222,9 @@ class ShardedJob:
         """Per-example losses summed and divided by this: the global batch's mean."""
         return float(self.cfg.schedule.batch_size * len(self.cfg.columns.labels))
 
-    def _train(self, batch: dict):
+    def _train(self, batch: dict, token: tf.Tensor, m: tf.Tensor):
         ex = self.exchange
-        unique, token, m, where = self._embeddings(batch, True)
+        unique, where = self._embeddings(batch, token, m)
         variables = list(self.model.trainable_variables)
         with tf.GradientTape() as tape:
             tape.watch(unique)
@@ -244,7 +255,8 @@ class ShardedJob:
             return tf.identity(flat[-1]), m
 
     def _evaluate(self, batch: dict):
-        unique, _, m, _ = self._embeddings(batch, False)
+        token, m = self._keys(batch, False)
+        unique, _ = self._embeddings(batch, token, m)
         logits = self._logits(batch, unique)
         loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
             labels=batch["labels"], logits=logits))
@@ -271,11 +283,24 @@ class ShardedJob:
         return [{k: tf.TensorSpec(open_shapes.get(k, v.shape), v.dtype)
                  for k, v in batch.items()}]
 
-    def run_step(self, batch: dict) -> float:
-        """One training step; returns the global batch's loss."""
+    def process_keys(self, batch: dict):
+        """The first half of a training step: the batch's keys to their owners, processed
+        there. Returns what :meth:`run_step` takes; may run on another thread while the
+        previous batch's :meth:`run_step` runs."""
+        if self._keys_step is None:
+            self._keys_step = tf.function(lambda b: self._keys(b, True),
+                                          input_signature=self._signature(batch))
+        return self._keys_step(batch)
+
+    def run_step(self, batch: dict, keys=None) -> float:
+        """The rest of a training step (``keys`` from :meth:`process_keys`; None: process
+        them now); returns the global batch's loss."""
+        keys = self.process_keys(batch) if keys is None else keys
         if self._train_step is None:
-            self._train_step = tf.function(self._train, input_signature=self._signature(batch))
-        loss, m = self._train_step(batch)
+            signature = self._signature(batch) + [tf.TensorSpec([], tf.int64),
+                                                  tf.TensorSpec([], tf.int32)]
+            self._train_step = tf.function(self._train, input_signature=signature)
+        loss, m = self._train_step(batch, *keys)
         self.bytes_sent += self.step_bytes(int(m))
         return float(loss)
 
@@ -435,10 +460,24 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     losses, evals = [], []
     step = start
     began = time.perf_counter()
+    # The next batch's keys go to their owners and are processed while this batch's step
+    # runs, except before a step that checkpoints, evicts or evaluates: those see the tables
+    # exactly as after their step (a save must not hold the next batch's counts).
+    ahead = concurrent.futures.ThreadPoolExecutor(1, "sparseflow-keys")
     try:
         batches = iter(job.dataset("train", skip=start))
+        upcoming = None
         while step < sched.max_steps:
-            losses.append(job.run_step(next(batches)))
+            if upcoming is None:
+                batch = next(batches)
+                keys = job.process_keys(batch)
+            else:
+                batch, keys = upcoming[0], upcoming[1].result()
+            upcoming = None
+            if step + 1 < sched.max_steps and not _pauses_after(cfg, step + 1):
+                following = next(batches)
+                upcoming = (following, ahead.submit(job.process_keys, following))
+            losses.append(job.run_step(batch, keys))
             step += 1
             if step == start + 1:
                 warm = time.perf_counter()   # after the first step's tracing
@@ -489,6 +528,8 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             f"another worker stopped answering ({type(err).__name__}: {first_line[:300]}). "
             f"Training stopped; {where}. Restart all {world.size} workers (or any number) "
             f"with the same command to resume from it.") from None
+    finally:
+        ahead.shutdown(wait=False, cancel_futures=True)
     trained = step - start
     summary = {
         "name": cfg.name, "workers": world.size, "steps": step, "steps_this_run": trained,
@@ -513,6 +554,14 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     log(f"trained {trained} steps ({step} in all) at {summary['samples_per_second']:,.0f} "
         f"samples/s; checkpoint {last_saved}")
     return summary
+
+
+def _pauses_after(cfg: JobConfig, step: int) -> bool:
+    """Whether the loop checkpoints, evicts or evaluates after ``step``."""
+    sched = cfg.schedule
+    return bool((sched.save_every and step % sched.save_every == 0)
+                or (sched.eviction.every_steps and step % sched.eviction.every_steps == 0)
+                or (has_eval_split(cfg) and sched.eval_every and step % sched.eval_every == 0))
 
 
 def _our_error(message: str) -> str | None:
