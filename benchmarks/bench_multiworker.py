@@ -167,15 +167,12 @@ def main() -> None:
         "step is TensorFlow: the exchange, the model, the dense update): "
         + "; ".join(f"{label}: " + ", ".join(
             f"{stage} {statistics.median(x['stages'][stage] for x in results[kind]):.1f}"
-            for stage in ("route", "lookup", "update"))
+            for stage in ("route", "process", "gather", "update"))
             for kind, label in (("sharded1", "1 worker"), ("sharded2", "2 workers")))
         + f" (a step: {1000 * BATCH / median['sharded1']:.0f} ms with 1 worker, "
-        f"{1000 * BATCH / median['sharded2']:.0f} ms with 2). The Session trainer runs the "
-        "key processing that `lookup` does (admission, row allocation, new rows' initial "
-        "values) in `tf.data`, overlapped with the previous step; the sharded step can only "
-        "run it once the keys have reached their owner, inside the step. Running the key "
-        "exchange and owner processing one batch ahead (a second collective group on its own "
-        "thread) would overlap it again; not built yet.",
+        f"{1000 * BATCH / median['sharded2']:.0f} ms with 2). `route` runs in `tf.data` and "
+        "`process` (admission, row allocation, new rows' initial values) one batch ahead "
+        "on a second thread, both overlapping the step; `gather` and `update` are inside it.",
         "",
         f"**Projection** (weak scaling, 4096 rows per worker per step; {params:,} dense "
         f"parameters; bytes from routing real generated batches for N workers; time = bytes / "
