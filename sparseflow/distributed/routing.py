@@ -8,11 +8,13 @@ Per step and worker (``docs/design-notes.md``, "Multi-worker training"):
    on one worker), owners found, and every table's keys for owner r laid out one table after
    another in row r of one ``[N, width, 2]`` int64 send buffer of ``(key, weight)`` pairs;
    ``counts[r, t]`` says how many of row r belong to table t.
-2. The step exchanges counts and buffers (``Exchange``); each owner calls
-   :meth:`KeyRouter.lookup` on what it received: per table the keys of every sender go
+2. Counts and buffers are exchanged (``Exchange``); each owner calls
+   :meth:`KeyRouter.process` on what it received: per table the keys of every sender go
    through the table's key processor together (a key sent by two workers is one key whose
-   weights add up: admission, timestamps and row allocation as on one worker), and the
-   reply carries each received entry's embedding at the entry's place.
+   weights add up: admission, timestamps and row allocation as on one worker). This may run
+   a batch ahead of the training step. In the step, :meth:`KeyRouter.gather` reads the rows
+   (after the previous update) into a reply holding each received entry's embedding at the
+   entry's place.
 3. The reply goes back; gradients come the same way; :meth:`KeyRouter.update` sums each
    key's gradients from every worker and applies the table's sparse optimizer once.
 """
