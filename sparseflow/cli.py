@@ -265,11 +265,20 @@ def _train(args, cfg) -> int:
         return EXIT_OK
     from sparseflow.distributed.trainer import WorkerLostError, train
 
+    # Any failure leaves at once: the keys thread may sit in a collective until its timeout,
+    # and TensorFlow's teardown of a cluster with a failed or dead peer can block.
     try:
         train(cfg, world or World(0, 1))
     except (WorkerLostError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        # TensorFlow's teardown of a cluster with a failed or dead peer can block: leave now.
+        os._exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        os._exit(130)
+    except BaseException:   # noqa: BLE001 -- reported in full, then the same fast exit
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
         os._exit(EXIT_FAILED)
     return EXIT_OK
 

@@ -286,5 +286,26 @@ def test_usage_errors_name_what_is_wrong(tmp_path):
         in small.stderr and "more than distributed.send_count=1" in small.stderr
 
 
+def test_checkpoints_of_the_other_trainer_or_another_model_are_refused(tmp_path):
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    two = ["--set", "schedule.max_steps=2"]
+    assert sparseflow("train", config, "--workers", "1", *two).returncode == 0
+    session = sparseflow("train", config, "--no-progress", *two)
+    assert session.returncode == 1
+    assert "holds checkpoints of multi-worker training" in session.stderr
+    changed = sparseflow("train", config, "--workers", "1", "--set", "schedule.max_steps=4",
+                         "--set", "model.deep_mlp=[8]")
+    assert changed.returncode == 1
+    assert "does not hold this job's dense model" in changed.stderr, changed.stderr[-2000:]
+
+    other = str(tmp_path / "other")
+    config = write_config(str(tmp_path), other)
+    assert sparseflow("train", config, "--no-progress", *two).returncode == 0
+    sharded = sparseflow("train", config, "--workers", "1", *two)
+    assert sharded.returncode == 1
+    assert "holds checkpoints of the single-process trainer" in sharded.stderr
+
+
 def _worker_logs(out) -> str:
     return "".join(open(p).read() for p in glob.glob(os.path.join(out, "workers", "*.log")))

@@ -41,15 +41,16 @@ def read_world(path: str) -> dict:
         return json.load(f)
 
 
-def open_shards(path: str) -> list[tuple[str, dict]]:
-    """``(directory, manifest)`` of every worker's shards, their files verified.
+def open_shards(path: str, only: int | None = None) -> list[tuple[str, dict]]:
+    """``(directory, manifest)`` of every worker's shards (or of worker ``only``'s alone),
+    their files verified.
 
     Raises:
       CheckpointError: a missing manifest, or a missing, truncated or corrupt file.
     """
     n = int(read_world(path)["world_size"])
     shards = []
-    for r in range(n):
+    for r in range(n) if only is None else [only]:
         directory = os.path.join(path, f"worker-{r}-of-{n}")
         manifest = fmt.read_manifest(directory)
         fmt.verify_files(directory, manifest)

@@ -36,6 +36,7 @@ from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, t
 from sparseflow.jobs.runner import CHECKPOINT_SUBDIR, SUMMARY_FILE, has_eval_split, output_dir
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter
+from sparseflow.checkpoint.saver import latest_checkpoint
 from sparseflow.models import build_model, pool
 from sparseflow.optimizers.adagrad import Adagrad
 from sparseflow.optimizers.ftrl import Ftrl
@@ -49,6 +50,7 @@ from sparseflow.table import SparseTable, _default_seed
 _SPARSE_KERNELS = {"lazy_adam": (LazyAdam, lazy_adam_hparams), "sgd": (GradientDescent, sgd_hparams),
                    "adagrad": (Adagrad, adagrad_hparams), "ftrl": (Ftrl, ftrl_hparams)}
 KEEP_CHECKPOINTS = 3
+CHECKPOINT_TIMEOUT_SECONDS = 3600.0
 # What a lost peer looks like from a collective: its timeout, the coordination service's
 # heartbeats, or the collective executor cancelled after another collective failed.
 _PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
@@ -128,7 +130,12 @@ class ShardedJob:
         self.bytes_sent = 0.0           # this worker's collective payload, for the summary
         # Traced once, for the data's signature.
         self._keys_step = self._train_step = self._eval_step = None
-        self._barrier = tf.function(lambda: self.exchange.reduce(tf.ones([1]), "Add"))
+        # Checkpoint barriers wait for the slowest worker's writes or reads, which may take
+        # far longer than a step: their own group and a long timeout (a dead peer is still
+        # reported within seconds by the coordination service's heartbeats).
+        self.checkpoint_exchange = Exchange(n, CHECKPOINT_TIMEOUT_SECONDS,
+                                            group_key=GROUP_KEY + 2)
+        self._agree = tf.function(lambda x: self.checkpoint_exchange.reduce(x, "Max"))
         n_dense = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
         self.dense_parameters = n_dense
 
@@ -184,9 +191,11 @@ class ShardedJob:
         send = tf.pad(send, [[0, 0], [0, pad], [0, 0]], constant_values=PAD_KEY)
         received = ex.all_to_all(send)
 
+        stamped = bool(self.cfg.columns.timestamp) and train   # static: any int64 is a time
+
         @tf.autograph.experimental.do_not_convert
         def process(received, counts, timestamp):
-            return router.process(received, counts, None if timestamp < 0 else int(timestamp),
+            return router.process(received, counts, int(timestamp) if stamped else None,
                                   train)
 
         token = tf.numpy_function(process, [received, counts, most[1]], tf.int64,
@@ -350,9 +359,11 @@ class ShardedJob:
                                "keys_held_here": int(mine)}
                 for t, row, mine in zip(self.tables, total, local[:, 0])}
 
-    def barrier(self) -> None:
-        """Returns once every worker has reached it."""
-        self._barrier()
+    def barrier(self, value: int = 0) -> tuple[int, int]:
+        """Returns once every worker has reached it: the largest and smallest ``value`` any
+        worker passed."""
+        most = self._agree(tf.constant([value, -value], tf.int64)).numpy()
+        return int(most[0]), int(-most[1])
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -379,6 +390,7 @@ class ShardedJob:
                       "eviction_threshold": t.eviction_threshold}
             entries[t.table_name] = fmt.write_table_state(shard, t.table_name,
                                                           table_state.capture(t), t.dim, config)
+            t.processor.mark_saved()   # no incremental saves: drop the eviction tombstones
         fmt.write_manifest(shard, entries)
         self.barrier()          # every shard written
         if self.world.chief:
@@ -391,9 +403,9 @@ class ShardedJob:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, os.path.join(final, WORLD_FILE))
-            for old in complete_checkpoints(ckpt_dir)[:-KEEP_CHECKPOINTS]:
-                shutil.rmtree(old, ignore_errors=True)
         self.barrier()          # complete before anyone goes on
+        if self.world.chief:
+            _prune(ckpt_dir)
         return final
 
     def restore(self, path: str) -> int:
@@ -406,16 +418,21 @@ class ShardedJob:
         """
         meta = read_world(path)
         old_n = int(meta["world_size"])
-        shards = open_shards(path)
+        same = old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash
+        # Same owners: this worker's own shard is all it needs (each worker reads 1/N).
+        shards = open_shards(path, self.world.index if same else None)
         for t in self.tables:
             states = table_shards(path, shards, t.table_name)
-            if old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash:
-                mine = states[self.world.index]
-            else:
-                mine = rebucket(states, self.world.size, self.cfg.distributed.hash)[
-                    self.world.index]
+            mine = states[0] if same else rebucket(states, self.world.size,
+                                                   self.cfg.distributed.hash)[self.world.index]
             table_state.apply(t, mine, f"{path} ({old_n} workers)")
-        self._dense_checkpoint().read(os.path.join(path, "dense", "ckpt"))
+        try:
+            self._dense_checkpoint().read(os.path.join(
+                path, "dense", "ckpt")).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as err:
+            raise fmt.CheckpointError(
+                f"Checkpoint {path!r} does not hold this job's dense model (was the model "
+                f"section changed?): {str(err).strip().splitlines()[0][:300]}") from None
         return int(meta["step"])
 
 
@@ -449,8 +466,19 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         print(prefix + text, file=stream, flush=True)
 
     complete = complete_checkpoints(ckpt_dir)
+    if not complete and latest_checkpoint(ckpt_dir):
+        raise ValueError(
+            f"{ckpt_dir} holds checkpoints of the single-process trainer (sparseflow train "
+            f"without --workers or TF_CONFIG), which the sharded trainer does not resume: "
+            f"train on with the single-process trainer, or use another output.dir.")
     start = job.restore(complete[-1]) if complete else 0
     last_saved = complete[-1] if complete else None
+    most, least = job.barrier(start)   # every worker restored, from the same step
+    if most != least:
+        raise ValueError(
+            f"Workers resumed from different checkpoints (steps {least} to {most}; worker "
+            f"{world.index} from step {start}): every worker must see the same output.dir "
+            f"(a shared file system for workers on several machines).")
     if start:
         log(f"resumed from {last_saved} (step {start})")
     if world.chief:
@@ -554,6 +582,18 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     log(f"trained {trained} steps ({step} in all) at {summary['samples_per_second']:,.0f} "
         f"samples/s; checkpoint {last_saved}")
     return summary
+
+
+def _prune(ckpt_dir: str) -> None:
+    """Deletes step directories older than the newest ``KEEP_CHECKPOINTS`` complete ones
+    (unfinished saves among them too)."""
+    complete = complete_checkpoints(ckpt_dir)
+    if len(complete) <= KEEP_CHECKPOINTS:
+        return
+    oldest_kept = os.path.basename(complete[-KEEP_CHECKPOINTS])
+    for name in sorted(os.listdir(ckpt_dir)):
+        if name.startswith("step-") and name < oldest_kept:
+            shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
 
 
 def _pauses_after(cfg: JobConfig, step: int) -> bool:

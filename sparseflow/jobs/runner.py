@@ -74,6 +74,13 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg.to_dict(), f, indent=2)
     sched = cfg.schedule
+    from sparseflow.distributed.shard_files import complete_checkpoints
+
+    if complete_checkpoints(ckpt_dir) and not sf.latest_checkpoint(ckpt_dir):
+        raise ValueError(
+            f"{ckpt_dir} holds checkpoints of multi-worker training, which the single-process "
+            f"trainer does not resume: run `sparseflow train` with --workers N (N may be 1), "
+            f"or use another output.dir.")
     has_eval = has_eval_split(cfg)
     writer = ScalarWriter(out if cfg.output.tensorboard else None)
     with job_graph(cfg, training=True, evaluation=has_eval) as job, \
@@ -205,21 +212,31 @@ def resolve_checkpoint(checkpoint: str, cfg: JobConfig | None = None) -> str:
     """
     path = os.path.abspath(os.path.expanduser(str(checkpoint)))
     if os.path.isdir(path):
+        latest = None
         for directory in (path, os.path.join(path, CHECKPOINT_SUBDIR)):
             latest = sf.latest_checkpoint(directory)
             if latest:
-                return latest
+                break
         if cfg is not None:
             from sparseflow.distributed.convert import to_single_process
-            from sparseflow.distributed.shard_files import sharded_checkpoint
+            from sparseflow.distributed.shard_files import read_world, sharded_checkpoint
 
             sharded = sharded_checkpoint(path, CHECKPOINT_SUBDIR)
-            if sharded:
+            # Both kinds in one place: the newer step (a run went on with the other trainer).
+            if sharded and (latest is None or read_world(sharded)["step"] > _step_of(latest)):
                 return to_single_process(cfg, sharded)
+        if latest:
+            return latest
     elif os.path.exists(path + ".index"):
         return path
     raise ValueError(f"Argument `checkpoint` must be a checkpoint prefix or a directory holding "
                      f"checkpoints (e.g. the job's output directory). Received: {checkpoint!r}")
+
+
+def _step_of(prefix: str) -> int:
+    """The step of a ``.../model-<step>`` checkpoint prefix (-1 without one)."""
+    tail = prefix.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def _json_scalar(value):
