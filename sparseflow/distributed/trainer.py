@@ -486,7 +486,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             json.dump(cfg.to_dict(), f, indent=2)
     writer = ScalarWriter(out if cfg.output.tensorboard and world.chief else None)
     losses, evals = [], []
-    step = start
+    step = failing = start
     began = time.perf_counter()
     # The next batch's keys go to their owners and are processed while this batch's step
     # runs, except before a step that checkpoints, evicts or evaluates: those see the tables
@@ -496,6 +496,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
         batches = iter(job.dataset("train", skip=start))
         upcoming = None
         while step < sched.max_steps:
+            failing = step + 1   # the step an error now belongs to
             if upcoming is None:
                 batch = next(batches)
                 keys = job.process_keys(batch)
@@ -503,8 +504,10 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                 batch, keys = upcoming[0], upcoming[1].result()
             upcoming = None
             if step + 1 < sched.max_steps and not _pauses_after(cfg, step + 1):
+                failing = step + 2
                 following = next(batches)
                 upcoming = (following, ahead.submit(job.process_keys, following))
+                failing = step + 1
             losses.append(job.run_step(batch, keys))
             step += 1
             if step == start + 1:
@@ -546,13 +549,13 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                 raise
             # A sparseflow error raised inside a numpy function reaches here wrapped in
             # TensorFlow's traceback: give the user its own message.
-            raise ValueError(f"worker {world.index} of {world.size}, step {step + 1}: "
+            raise ValueError(f"worker {world.index} of {world.size}, step {failing}: "
                              f"{ours}") from None
         where = (f"the last complete checkpoint is {last_saved}" if last_saved
                  else "no checkpoint was completed")
         first_line = _cause(str(err))
         raise WorkerLostError(
-            f"worker {world.index} of {world.size}: step {step + 1} could not complete: "
+            f"worker {world.index} of {world.size}: step {failing} could not complete: "
             f"another worker stopped answering ({type(err).__name__}: {first_line[:300]}). "
             f"Training stopped; {where}. Restart all {world.size} workers (or any number) "
             f"with the same command to resume from it.") from None
