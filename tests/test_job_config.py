@@ -324,6 +324,9 @@ def test_wrong_type(old, new, expected):
      "job.yaml:19 model.top_mlp[1]: must be an integer in [1, 2147483647], got 0"),
     ("  max_steps: 10", "  max_steps: 10\n  eviction: {every_steps: -1}",
      "job.yaml:23 schedule.eviction.every_steps: must be an integer >= 0, got -1"),
+    ("  max_steps: 10", "  max_steps: 10\n  eviction: {every_seconds: -0.5}",
+     "job.yaml:23 schedule.eviction.every_seconds: must be a number in [0, 3.1536e+07], "
+     "got -0.5"),
 ])
 def test_out_of_range(old, new, expected):
     assert error(edit(old, new)) == expected
@@ -443,6 +446,9 @@ def test_eviction_rules():
     assert error(edit("  max_steps: 10", "  max_steps: 10\n  eviction: {every_steps: 5}")) == (
         "job.yaml:23 schedule.eviction.every_steps: needs a table with eviction_threshold >= 0; "
         "no table evicts")
+    assert error(edit("  max_steps: 10", "  max_steps: 10\n  eviction: {every_seconds: 60}")) \
+        == ("job.yaml:23 schedule.eviction.every_seconds: needs a table with "
+            "eviction_threshold >= 0; no table evicts")
 
 
 def test_wide_features_need_dim_one_tables():

@@ -265,6 +265,46 @@ def test_one_sharded_worker_trains_like_the_session_trainer(tmp_path):
     np.testing.assert_allclose(summary(out)["losses"], session_losses, rtol=0, atol=1e-5)
 
 
+def test_eviction_on_a_time_interval_runs_per_shard(one_worker, tmp_path):
+    """``every_seconds`` (EvictHook's evict_time_interval): so short that every step is due,
+    two workers evict after every step exactly as one worker with ``every_steps: 1``."""
+    out1, out2 = str(tmp_path / "one"), str(tmp_path / "two")
+    config = write_config(str(tmp_path), out1)
+    steps = ["--set", "schedule.max_steps=8", "--set", "schedule.save_every=0"]
+    one = sparseflow("train", config, "--workers", "1", *steps,
+                     "--set", "schedule.eviction.every_steps=1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = sparseflow("train", config, "--workers", "2", "--out", out2, *steps,
+                     "--set", "schedule.eviction.every_steps=0",
+                     "--set", "schedule.eviction.every_seconds=0.000001")
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    assert two.stdout.count("evicted") == 8
+    a, b = summary(out1), summary(out2)
+    np.testing.assert_allclose(b["losses"], a["losses"], atol=1e-5)
+    assert b["tables"]["t1"]["keys_evicted"] == a["tables"]["t1"]["keys_evicted"] > 0
+
+    # The Session trainer reads the same key (its prefetching pipeline moves the eviction
+    # clock ahead nondeterministically, so count the evictions, not the keys).
+    import io
+
+    import sparseflow as sf
+    from sparseflow.jobs import runner
+    from sparseflow.jobs.schema import load_config
+
+    runs = []
+    for i, seconds in enumerate(("0.000001", "3600")):
+        cfg = load_config(config, ["schedule.max_steps=8", "schedule.save_every=0",
+                                   f"output.dir={tmp_path / f'session{i}'}",
+                                   "schedule.eviction.every_steps=0",
+                                   f"schedule.eviction.every_seconds={seconds}"])
+        try:
+            runs.append(runner.train(cfg, stream=io.StringIO())["tables"]["t1"])
+        finally:
+            sf.terminate_config_initializer()
+    assert runs[0]["evictions"] == 8 and runs[0]["keys_evicted"] > 0
+    assert runs[1]["evictions"] == 0
+
+
 def test_usage_errors_name_what_is_wrong(tmp_path):
     out = str(tmp_path / "out")
     config = write_config(str(tmp_path), out)

@@ -33,7 +33,8 @@ from sparseflow.distributed.sharding import PAD_KEY, rebucket
 from sparseflow.embed.table_config import make_table_config
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
-from sparseflow.jobs.runner import CHECKPOINT_SUBDIR, SUMMARY_FILE, has_eval_split, output_dir
+from sparseflow.jobs.runner import (CHECKPOINT_SUBDIR, SUMMARY_FILE, EvictionTimer,
+                                    has_eval_split, output_dir)
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter
 from sparseflow.checkpoint.saver import latest_checkpoint
@@ -487,6 +488,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     writer = ScalarWriter(out if cfg.output.tensorboard and world.chief else None)
     losses, evals = [], []
     step = failing = start
+    eviction = EvictionTimer(cfg)
     began = time.perf_counter()
     # The next batch's keys go to their owners and are processed while this batch's step
     # runs, except before a step that checkpoints, evicts or evaluates: those see the tables
@@ -503,7 +505,9 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             else:
                 batch, keys = upcoming[0], upcoming[1].result()
             upcoming = None
-            if step + 1 < sched.max_steps and not _pauses_after(cfg, step + 1):
+            evict_after = eviction.due(step + 1)   # decided before anything runs ahead
+            if step + 1 < sched.max_steps and not evict_after and not _pauses_after(cfg,
+                                                                                   step + 1):
                 failing = step + 2
                 following = next(batches)
                 upcoming = (following, ahead.submit(job.process_keys, following))
@@ -518,8 +522,9 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                     f"{rate:,.0f} samples/s")
                 writer.scalars(step, {"train/loss": float(np.mean(losses[-sched.log_every:])),
                                       "train/samples_per_sec": rate})
-            if sched.eviction.every_steps and step % sched.eviction.every_steps == 0:
+            if evict_after:
                 removed = job.evict()
+                eviction.evicted()
                 log(f"step {step}: evicted {sum(removed.values())} keys from this shard")
             if sched.save_every and step % sched.save_every == 0:
                 last_saved = job.save(ckpt_dir, step)
@@ -600,10 +605,9 @@ def _prune(ckpt_dir: str) -> None:
 
 
 def _pauses_after(cfg: JobConfig, step: int) -> bool:
-    """Whether the loop checkpoints, evicts or evaluates after ``step``."""
+    """Whether the loop checkpoints or evaluates after ``step`` (evictions: the timer)."""
     sched = cfg.schedule
     return bool((sched.save_every and step % sched.save_every == 0)
-                or (sched.eviction.every_steps and step % sched.eviction.every_steps == 0)
                 or (has_eval_split(cfg) and sched.eval_every and step % sched.eval_every == 0))
 
 

@@ -3,7 +3,7 @@
 ``train`` resumes from the newest checkpoint in ``<output.dir>/checkpoints`` when there is one
 (the step counter is saved with it, so ``max_steps`` counts the whole run), evaluates every
 ``eval_every`` steps and at the end, checkpoints every ``save_every`` steps and at the end,
-evicts every ``eviction.every_steps`` steps, writes TensorBoard scalars and ``summary.json`` to
+evicts on ``eviction.every_steps`` / ``every_seconds``, writes TensorBoard scalars and ``summary.json`` to
 the output directory, and returns the summary.
 """
 
@@ -43,6 +43,26 @@ def job_graph(cfg: JobConfig, **build_args) -> Iterator[JobGraph]:
             yield JobGraph.build(cfg, **build_args)
         finally:
             sf.terminate_config_initializer()
+
+
+class EvictionTimer:
+    """When ``schedule.eviction`` says to evict: after every ``every_steps``-th step, and
+    after the first step ending ``every_seconds`` or more after the previous eviction (or
+    the start of training)."""
+
+    def __init__(self, cfg: JobConfig):
+        self.every_steps = cfg.schedule.eviction.every_steps
+        self.every_seconds = cfg.schedule.eviction.every_seconds
+        self.last = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """Whether to evict after ``step`` (asked once per step)."""
+        return bool((self.every_steps and step % self.every_steps == 0) or (
+            self.every_seconds and time.monotonic() - self.last >= self.every_seconds))
+
+    def evicted(self) -> None:
+        """Starts the next time interval."""
+        self.last = time.monotonic()
 
 
 def output_dir(cfg: JobConfig) -> str:
@@ -94,6 +114,7 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
         step = int(sess.run(job.global_step))
         start_step = step
         progress = Progress(sched.max_steps, stream, tty)
+        eviction = EvictionTimer(cfg)
         timed_seconds, timed_steps, losses = 0.0, 0, []
         waits, traced_seconds = [], []
         eval_metrics: dict = {}
@@ -114,8 +135,9 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
                     timed_steps += 1
             step += 1
             losses.append(float(loss))
-            if sched.eviction.every_steps and step % sched.eviction.every_steps == 0:
+            if eviction.due(step):
                 sf.evict()
+                eviction.evicted()
             if step % sched.log_every == 0 or step == sched.max_steps:
                 rate = timed_steps / timed_seconds if timed_seconds else 0.0
                 window = float(np.mean(losses[-sched.log_every:]))

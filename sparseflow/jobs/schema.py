@@ -147,8 +147,11 @@ class ModelConfig(_CopiedParams):
 
 @dataclass(frozen=True)
 class EvictionSchedule:
-    """``schedule.eviction``: evict every ``every_steps`` steps; 0 = never."""
+    """``schedule.eviction``: evict every ``every_steps`` steps, and/or after the first step
+    ending ``every_seconds`` or more after the previous eviction (Rec SDK ``EvictHook``'s
+    ``evict_step_interval`` / ``evict_time_interval``); 0 = never."""
     every_steps: int = 0
+    every_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -636,11 +639,13 @@ def _schedule(n: Node, tables: dict) -> ScheduleConfig:
                   log_every=integer(n["log_every"], 1, None, 20),
                   seed=integer(n["seed"], 0, INT32_MAX, 0))
     e = n["eviction"]
-    mapping(e, ("every_steps",), {})
+    mapping(e, ("every_steps", "every_seconds"), {})
     every_steps = integer(e["every_steps"], 0, None, 0)
-    if every_steps > 0 and not any(t.eviction_threshold >= 0 for t in tables.values()):
-        e["every_steps"].fail("needs a table with eviction_threshold >= 0; no table evicts")
-    return ScheduleConfig(**values, eviction=EvictionSchedule(every_steps))
+    every_seconds = number(e["every_seconds"], Range(0.0, 365 * 86_400.0), 0.0)
+    for key, value in (("every_steps", every_steps), ("every_seconds", every_seconds)):
+        if value > 0 and not any(t.eviction_threshold >= 0 for t in tables.values()):
+            e[key].fail("needs a table with eviction_threshold >= 0; no table evicts")
+    return ScheduleConfig(**values, eviction=EvictionSchedule(every_steps, every_seconds))
 
 
 def _to_dict(cfg: JobConfig) -> dict:
@@ -688,7 +693,8 @@ def _to_dict(cfg: JobConfig) -> dict:
         "schedule": {"batch_size": s.batch_size, "max_steps": s.max_steps,
                      "eval_every": s.eval_every, "eval_steps": s.eval_steps,
                      "save_every": s.save_every, "log_every": s.log_every, "seed": s.seed,
-                     "eviction": {"every_steps": s.eviction.every_steps}},
+                     "eviction": {"every_steps": s.eviction.every_steps,
+                                  "every_seconds": s.eviction.every_seconds}},
         "output": {"dir": cfg.output.dir, "tensorboard": cfg.output.tensorboard},
         "distributed": {"hash": cfg.distributed.hash, "send_count": cfg.distributed.send_count,
                         "timeout_seconds": cfg.distributed.timeout_seconds},
