@@ -422,10 +422,16 @@ class ShardedJob:
         same = old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash
         # Same owners: this worker's own shard is all it needs (each worker reads 1/N).
         shards = open_shards(path, self.world.index if same else None)
+        n, r, hash_ = self.world.size, self.world.index, self.cfg.distributed.hash
         for t in self.tables:
-            states = table_shards(path, shards, t.table_name)
-            mine = states[0] if same else rebucket(states, self.world.size,
-                                                   self.cfg.distributed.hash)[self.world.index]
+            if same:
+                mine = table_shards(path, shards, t.table_name)[0]
+            else:
+                # One old shard in memory at a time: keep the keys this worker now owns, then
+                # join the parts (a re-bucketing to one worker checks no key came twice).
+                parts = [rebucket(table_shards(path, [shard], t.table_name), n, hash_)[r]
+                         for shard in shards]
+                mine = rebucket(parts, 1)[0]
             table_state.apply(t, mine, f"{path} ({old_n} workers)")
         try:
             self._dense_checkpoint().read(os.path.join(
