@@ -80,24 +80,29 @@ class Exchange:
             instance_key=self._keys(1)[0], ordering_token=[],
             timeout_seconds=self.timeout_seconds)
 
-    def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0):
+    def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0,
+                           also_max: tf.Tensor | None = None):
         """``use_dynamic``: rows of ``x`` ``[world_size, width, ...]`` hold ``counts[r]`` real
-        entries each; the workers first exchange counts and agree on the largest, then
-        exchange ``x`` cut or padded (with ``pad_value``) to it: each worker's width may
-        differ, as long as it holds its own counts.
+        entries each (``counts`` int ``[world_size]``, or ``[world_size, parts]`` counting
+        each part of a row); the workers exchange counts and agree on the widest ``x``, then
+        exchange ``x`` padded (with ``pad_value``) to it: each worker's width may differ
+        (a static ``send_count`` width stays that width on every worker).
+
+        Args:
+          also_max: an int64 scalar whose largest value over the workers the same reduction
+            finds (e.g. the step's timestamp), or None.
 
         Returns:
-          (received ``[world_size, m, ...]``, received counts int32 ``[world_size]``).
+          (received ``[world_size, m, ...]``, received counts int32 shaped as ``counts``, the
+          largest ``also_max`` (int64; -1 without one)).
         """
-        k_counts, k_max, k_payload = self._keys(3)
         counts = tf.cast(counts, tf.int32)
-        received_counts = self._all_to_all(counts[:, None], k_counts)[:, 0]
-        most = tf.raw_ops.CollectiveReduceV2(
-            input=tf.reduce_max(counts), group_size=self.world_size,
-            group_key=self.group_key, instance_key=k_max, ordering_token=[],
-            merge_op="Max", final_op="Id", timeout_seconds=self.timeout_seconds)
+        rows = tf.reshape(counts, [self.world_size, -1])
+        received_counts = tf.reshape(self.all_to_all(rows), tf.shape(counts))
+        extra = tf.constant(-1, tf.int64) if also_max is None else tf.cast(also_max, tf.int64)
         x = tf.convert_to_tensor(x)
-        short = tf.maximum(most - tf.shape(x)[1], 0)
+        most = self.reduce(tf.stack([tf.cast(tf.shape(x)[1], tf.int64), extra]), "Max")
+        short = tf.cast(most[0], tf.int32) - tf.shape(x)[1]
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
-        x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))[:, :most]
-        return self._all_to_all(x, k_payload), received_counts
+        x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
+        return self.all_to_all(x), received_counts, most[1]

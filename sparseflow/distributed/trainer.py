@@ -182,15 +182,10 @@ class ShardedJob:
         """Keys to their owners and the owners' key processing: the token of this worker's
         share of the step, and the agreed width m. Its own collective group, so that it can
         run one batch ahead of the step on another thread."""
-        ex, router = self.key_exchange, self.router
-        counts = ex.all_to_all(batch["route/counts"])
-        send = batch["route/send"]
-        most = ex.reduce(tf.stack([tf.cast(tf.shape(send)[1], tf.int64),
-                                   batch["route/timestamp"]]), "Max")
-        m = tf.cast(most[0], tf.int32)
-        pad = tf.maximum(m - tf.shape(send)[1], 0)
-        send = tf.pad(send, [[0, 0], [0, pad], [0, 0]], constant_values=PAD_KEY)
-        received = ex.all_to_all(send)
+        router = self.router
+        received, counts, timestamp = self.key_exchange.all_to_all_dynamic(
+            batch["route/send"], batch["route/counts"], PAD_KEY, batch["route/timestamp"])
+        m = tf.shape(received)[1]
 
         stamped = bool(self.cfg.columns.timestamp) and train   # static: any int64 is a time
 
@@ -199,7 +194,7 @@ class ShardedJob:
             return router.process(received, counts, int(timestamp) if stamped else None,
                                   train)
 
-        token = tf.numpy_function(process, [received, counts, most[1]], tf.int64,
+        token = tf.numpy_function(process, [received, counts, timestamp], tf.int64,
                                   stateful=True, name="sparseflow_owner_keys")
         return token, m
 

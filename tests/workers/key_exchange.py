@@ -30,7 +30,9 @@ def main(index: int, ports: list[int]) -> None:
     @tf.function(input_signature=[tf.TensorSpec([W, None], tf.int64),
                                   tf.TensorSpec([W], tf.int32)])
     def send_keys(ids, counts):
-        return exchange.all_to_all_dynamic(ids, counts, pad_value=PAD_KEY)
+        received, received_counts, _ = exchange.all_to_all_dynamic(ids, counts,
+                                                                   pad_value=PAD_KEY)
+        return received, received_counts
 
     @tf.function(input_signature=[tf.TensorSpec([W, None, 3], tf.float32)])
     def send_back(embeddings):
