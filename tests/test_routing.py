@@ -16,7 +16,8 @@ import tensorflow as tf
 
 import sparseflow as sf
 from sparseflow.distributed.cluster import World, local_tf_config, world_from_env
-from sparseflow.distributed.routing import KeyRouter, _entries, _rank_within_owner
+from sparseflow.distributed.routing import KeyRouter
+from sparseflow.ops import shard_kernels
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.embed.table_config import make_table_config
 from sparseflow.optimizers.gradient_descent import GradientDescent
@@ -463,24 +464,68 @@ def test_mix_hash_routes_keys_to_their_mixed_owners():
 
 
 @pytest.mark.parametrize("counts", [[], [0], [0, 0, 0], [3, 0, 2], [0, 5], [4, 1, 0, 0, 2]])
-def test_entries_concatenates_each_range(counts):
+def test_take_entries_concatenates_each_senders_range(counts):
     rng = np.random.default_rng(len(counts))
     counts = np.array(counts, np.int32)
+    received = rng.integers(-(2**62), 2**62, (60, 2)).astype(np.int64)
+    received[:, 1] = rng.integers(1, 9, 60)
     starts = rng.integers(0, 50, counts.shape[0]).astype(np.int64)
     want = [i for s, c in zip(starts.tolist(), counts.tolist()) for i in range(s, s + c)]
-    got = _entries(starts, counts)
-    assert got.dtype == np.int64 and got.tolist() == want
+    size = int(counts.sum())
+    entries, keys = np.empty(size, np.int64), np.empty(size, np.int64)
+    weights = np.empty(size, np.int32)
+    shard_kernels.take_entries(received, starts, counts, entries, keys, weights)
+    assert entries.tolist() == want
+    assert keys.tolist() == [int(received[i, 0]) for i in want]
+    assert weights.tolist() == [int(received[i, 1]) for i in want]
 
 
 @pytest.mark.parametrize("n, size", [(1, 0), (1, 5), (3, 0), (3, 1), (4, 40), (7, 9)])
-def test_rank_within_owner_counts_earlier_keys_of_the_same_owner(n, size):
-    owner = np.random.default_rng(size + n).integers(0, n, size).astype(np.int32)
-    seen = [0] * n
-    want = []
-    for o in owner.tolist():
-        want.append(seen[o])
+def test_lay_out_keys_puts_each_table_after_the_previous_in_its_owners_row(n, size):
+    rng = np.random.default_rng(size + n)
+    owner = rng.integers(0, n, size).astype(np.int32)
+    uniq = rng.integers(-(2**62), 2**62, size).astype(np.int64)
+    weight = rng.integers(1, 5, size).astype(np.int64)
+    table_ends = np.array([size // 3, size // 3, size], np.int64)   # an empty table too
+    counts = np.empty((n, 3), np.int32)
+    shard_kernels.count_by_owner(owner, table_ends, counts)
+    tables = np.searchsorted(table_ends, np.arange(size), side="right")
+    for o in range(n):
+        for t in range(3):
+            assert counts[o, t] == int(((owner == o) & (tables == t)).sum())
+    width = max(int(counts.sum(1).max()) if size else 0, 1)
+    starts = (np.cumsum(counts, axis=1) - counts).astype(np.int64)
+    send = np.full((n * width, 2), -1, np.int64)
+    place = np.empty((size, 2), np.int32)
+    shard_kernels.lay_out_keys(uniq, weight, owner, table_ends, starts.copy(), width, send,
+                               place)
+    seen = [0] * n   # plain-Python reference: each owner's row filled in key order
+    for u in range(size):
+        o = int(owner[u])
+        assert place[u].tolist() == [o, seen[o]]
+        assert send[o * width + seen[o]].tolist() == [int(uniq[u]), int(weight[u])]
         seen[o] += 1
-    assert _rank_within_owner(owner, n).tolist() == want
+
+
+def test_scatter_rows_and_sum_entries_against_numpy():
+    rng = np.random.default_rng(3)
+    storage = rng.normal(size=(10, 6)).astype(np.float32)          # weights | a slot
+    rows = np.array([4, -1, 7], np.int32)
+    restore = np.array([2, 0, 0, 1, 2], np.int32)
+    entries = np.array([9, 0, 5, 3, 1], np.int64)
+    reply = np.full((12, 5), 7.0, np.float32)
+    shard_kernels.scatter_rows(storage, rows, restore, entries, 3, reply)
+    for i, e in enumerate(entries):
+        r = rows[restore[i]]
+        want = np.zeros(3, np.float32) if r < 0 else storage[r, :3]
+        np.testing.assert_array_equal(reply[e, :3], want)
+        np.testing.assert_array_equal(reply[e, 3:], 7.0)   # past dim: untouched
+    grads = rng.normal(size=(12, 5)).astype(np.float32)
+    out = np.zeros((3, 3), np.float32)
+    shard_kernels.sum_entries(grads, entries, restore, 3, out)
+    want = np.zeros((3, 3), np.float32)
+    np.add.at(want, restore, grads[entries, :3])
+    np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
 # -- 7. the world from TF_CONFIG ---------------------------------------------------------

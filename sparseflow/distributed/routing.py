@@ -30,7 +30,6 @@ import time
 import numpy as np
 
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
-from sparseflow.ops import key_kernels as kk
 from sparseflow.ops import shard_kernels
 from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_keys
 
@@ -133,9 +132,11 @@ class KeyRouter:
             weights.append(weight[:n_unique])
             owners.append(owner_of(uniqs[-1], n, self.hash))
             offset += n_unique
-        counts = np.zeros((n, n_tables), np.int32)
-        for t, owner in enumerate(owners):
-            counts[:, t] = np.bincount(owner, minlength=n)
+        table_ends = np.cumsum([u.shape[0] for u in uniqs], dtype=np.int64)
+        uniq_all, weight_all, owner_all = (_joined(parts, dtype) for parts, dtype in (
+            (uniqs, np.int64), (weights, np.int64), (owners, np.int32)))
+        counts = np.empty((n, n_tables), np.int32)
+        shard_kernels.count_by_owner(owner_all, table_ends, counts)
         if self.send_count is not None:
             width = self.send_count * n_tables
             if counts.size and counts.max() > self.send_count:
@@ -147,17 +148,14 @@ class KeyRouter:
                     f"{counts[r, t]}, or to null (exchange the counts first).")
         else:
             width = max(int(counts.sum(1).max()) if counts.size else 0, 1)
-        starts = np.cumsum(counts, axis=1) - counts          # table t's first slot in row r
+        # Table t's first slot in owner o's row; the kernel advances it as a cursor.
+        starts = (np.cumsum(counts, axis=1) - counts).astype(np.int64)
         send = np.empty((n * width, 2), np.int64)
         send[:, 0] = PAD_KEY
         send[:, 1] = 0
         place = np.empty((offset, 2), np.int32)
-        offset = 0
-        for t, (uniq, weight, owner) in enumerate(zip(uniqs, weights, owners)):
-            slot = _rank_within_owner(owner, n) + starts[owner, t]
-            send[owner.astype(np.int64) * width + slot] = np.stack([uniq, weight], 1)
-            place[offset:offset + uniq.shape[0]] = np.stack([owner, slot], 1)
-            offset += uniq.shape[0]
+        shard_kernels.lay_out_keys(uniq_all, weight_all, owner_all, table_ends, starts, width,
+                                   send, place)
         sizes = np.concatenate([[u.shape[0] for u in uniqs], lengths]).astype(np.int64)
         gather = (np.concatenate(gathers) if gathers else np.zeros(0)).astype(np.int32)
         return send.reshape(n, width, 2), counts, place, gather, sizes
@@ -184,18 +182,23 @@ class KeyRouter:
           TableFullError: a table's shard has no free row for an admitted key.
         """
         n, m = received.shape[0], received.shape[1]
-        flat = received.reshape(n * m, 2)
-        starts = np.cumsum(counts, axis=1) - counts
-        base = np.arange(n, dtype=np.int64) * m
+        flat = np.ascontiguousarray(received.reshape(n * m, 2))
+        counts = np.ascontiguousarray(counts, np.int32)
+        starts = np.cumsum(counts, axis=1) - counts + (np.arange(n, dtype=np.int64) * m)[:, None]
+        totals = counts.sum(axis=0)
+        segment_ends = np.arange(1, int(totals.max(initial=0)) + 1, dtype=np.int64)
         tables = []
         for t, table in enumerate(self.tables):
-            entries = _entries(base + starts[:, t], counts[:, t])
+            size = int(totals[t])
+            entries, keys = np.empty(size, np.int64), np.empty(size, np.int64)
+            weights = np.empty(size, np.int32)
+            shard_kernels.take_entries(flat, np.ascontiguousarray(starts[:, t]),
+                                       np.ascontiguousarray(counts[:, t]), entries, keys,
+                                       weights)
             # Each received entry is its own segment, its weight the occurrences it stands
             # for: the key processor adds them up per key exactly as one worker would.
-            result = table.processor.process(
-                np.ascontiguousarray(flat[entries, 0]),
-                np.arange(1, entries.shape[0] + 1, dtype=np.int64),
-                flat[entries, 1].astype(np.int32), train, timestamp)
+            result = table.processor.process(keys, segment_ends[:size], weights, train,
+                                             timestamp)
             tables.append((entries, result))
         with self._lock:
             token = next(self._tokens)
@@ -213,8 +216,9 @@ class KeyRouter:
                 del self._pending[int(token)]
         reply = np.zeros((pending.n * pending.m, self.max_dim), np.float32)
         for table, (entries, result) in zip(self.tables, pending.tables):
-            values = table.rows.gather(result.rows)
-            reply[entries, :table.dim] = values[result.restore]
+            with table.rows.pinned() as storage:
+                shard_kernels.scatter_rows(storage, result.rows, result.restore, entries,
+                                           table.dim, reply)
             if not pending.train:
                 table.release_batch(result.seq, drain=True)
         return reply.reshape(pending.n, pending.m, self.max_dim)
@@ -242,31 +246,15 @@ class KeyRouter:
         """
         with self._lock:
             pending = self._pending.pop(int(token)).tables
-        flat = grads.reshape(-1, grads.shape[-1])
+        flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
         for table, (entries, result) in zip(self.tables, pending):
             summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
-            kk.sum_by_restore(np.ascontiguousarray(flat[entries, :table.dim]),
-                              result.restore, summed)
+            shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
             table.rows.optimizer.apply_at_rows(table, result.rows, summed)
             table.release_batch(result.seq, drain=True)
         return np.int64(len(pending))
 
 
-def _rank_within_owner(owner: np.ndarray, world_size: int) -> np.ndarray:
-    """Each key's rank among the keys of its owner, in order (the send buffers' stable
-    counting sort, with rows wide enough for every key)."""
-    width = max(owner.shape[0], 1)
-    positions = np.empty(owner.shape[0], np.int64)
-    shard_kernels.bucket_positions(owner, world_size, width,
-                                   np.zeros(world_size, np.int32), positions)
-    return positions - owner.astype(np.int64) * width
-
-
-def _entries(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The flat indices ``starts[s] .. starts[s] + counts[s]`` of every s, concatenated."""
-    counts = counts.astype(np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    offsets = np.repeat(starts.astype(np.int64) - (np.cumsum(counts) - counts), counts)
-    return np.arange(total, dtype=np.int64) + offsets
+def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+    """``parts`` concatenated as one contiguous ``dtype`` array (empty without parts)."""
+    return np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0), dtype)

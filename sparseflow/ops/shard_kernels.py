@@ -41,3 +41,76 @@ def bucket_positions(owners, world, width, counts, positions):
         positions[i] = o * width + counts[o]
         counts[o] += 1
     return True
+
+
+@numba.njit(**_JIT)
+def count_by_owner(owners, table_ends, counts):
+    """counts[o, t] = how many of table t's unique keys (``owners[table_ends[t-1]:
+    table_ends[t]]``) worker o owns; ``counts`` int32 ``[world, tables]``, zeroed first."""
+    counts[:, :] = 0
+    start = 0
+    for t in range(table_ends.shape[0]):
+        for u in range(start, table_ends[t]):
+            counts[owners[u], t] += 1
+        start = table_ends[t]
+
+
+@numba.njit(**_JIT)
+def lay_out_keys(uniq, weight, owners, table_ends, starts, width, send, place):
+    """Every table's unique keys into one send buffer: owner o's row holds table 0's keys
+    it owns, then table 1's, ... each at ``starts[o, t]`` on, in order. ``send`` int64
+    ``[world * width, 2]`` gets (key, weight) at ``o * width + slot``; ``place`` int32
+    ``[U, 2]`` gets (o, slot) per unique key. ``starts`` is used as the cursor (changed)."""
+    start = 0
+    for t in range(table_ends.shape[0]):
+        for u in range(start, table_ends[t]):
+            o = owners[u]
+            slot = starts[o, t]
+            starts[o, t] = slot + 1
+            position = o * width + slot
+            send[position, 0] = uniq[u]
+            send[position, 1] = weight[u]
+            place[u, 0] = o
+            place[u, 1] = slot
+        start = table_ends[t]
+
+
+@numba.njit(**_JIT)
+def take_entries(received, row_starts, counts, entries, keys, weights):
+    """One table's received entries: for each sender s, ``counts[s]`` entries from flat
+    position ``row_starts[s]`` of ``received`` (int64 ``[N * m, 2]``): their flat positions,
+    keys and weights (int32), concatenated in sender order."""
+    i = 0
+    for s in range(row_starts.shape[0]):
+        for j in range(counts[s]):
+            e = row_starts[s] + j
+            entries[i] = e
+            keys[i] = received[e, 0]
+            weights[i] = np.int32(received[e, 1])
+            i += 1
+
+
+@numba.njit(**_JIT)
+def scatter_rows(storage, rows, restore, entries, dim, reply):
+    """reply[entries[i], :dim] = storage[rows[restore[i]], :dim] (zeros where that row is
+    -1): each received entry's embedding at its place."""
+    for i in range(entries.shape[0]):
+        r = rows[restore[i]]
+        e = entries[i]
+        if r < 0:
+            for j in range(dim):
+                reply[e, j] = 0.0
+        else:
+            for j in range(dim):
+                reply[e, j] = storage[r, j]
+
+
+@numba.njit(**_JIT)
+def sum_entries(grads, entries, restore, dim, out):
+    """out[restore[i], :] += grads[entries[i], :dim]: each key's gradient summed over its
+    received entries (so over workers); ``out`` float32 ``[U, dim]``, zeroed first."""
+    for i in range(entries.shape[0]):
+        u = restore[i]
+        e = entries[i]
+        for j in range(dim):
+            out[u, j] += grads[e, j]
