@@ -350,6 +350,40 @@ class SparseTable:
                 f"capacity={self.capacity()}, size={self.size()}, rows_on={self.rows_on!r})")
 
 
+def host_table(name: str, dim: int, initializer, vocabulary_size: int, *,
+               access_threshold: int, eviction_threshold: int | None, optimizer,
+               size_hint: str, admission_counter: str = "exact") -> SparseTable:
+    """A table with host rows outside ``init()``'s registry (the TF2 API, a shard of
+    multi-worker training), admission and eviction set as its feature specs would set them.
+
+    Args:
+      name, dim, initializer, vocabulary_size, admission_counter: as for
+        :func:`create_table` (``vocabulary_size`` rows).
+      access_threshold: admission threshold (-1: off).
+      eviction_threshold: None or < 0 for no eviction.
+      optimizer: the kernel ``SparseOptimizer`` that updates the rows, or None.
+      size_hint: the setting a full-table error tells users to raise.
+
+    Returns:
+      The :class:`SparseTable`.
+
+    Raises:
+      TypeError, ValueError: an invalid argument (see :func:`create_table`).
+    """
+    config = make_table_config(tf.int64, dim, name, initializer,
+                               device_vocabulary_size=vocabulary_size,
+                               admission_counter=admission_counter)
+    table = SparseTable(config, _default_seed(name), rows_on="host")
+    table.processor.size_hint = size_hint
+    table.access_threshold = table.processor.threshold = access_threshold
+    if eviction_threshold is not None and eviction_threshold >= 0:
+        table.eviction_threshold = eviction_threshold
+        table.processor.track_in_flight = True
+    if optimizer is not None:
+        table.rows.bind_optimizer(optimizer)
+    return table
+
+
 def _table_as_tensor(value, dtype=None, name=None, as_ref=False):
     return value.gradient_anchor()
 

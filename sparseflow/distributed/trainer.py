@@ -30,7 +30,6 @@ from sparseflow.distributed.routing import KeyRouter
 from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints, open_shards,
                                                 read_world, table_shards)
 from sparseflow.distributed.sharding import PAD_KEY, rebucket
-from sparseflow.embed.table_config import make_table_config
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
 from sparseflow.jobs.runner import (CHECKPOINT_SUBDIR, SUMMARY_FILE, EvictionTimer,
@@ -46,7 +45,7 @@ from sparseflow.optimizers.hparams import (adagrad_hparams, ftrl_hparams, lazy_a
                                            sgd_hparams)
 from sparseflow.optimizers.lazy_adam import LazyAdam
 from sparseflow.synthetic import auc
-from sparseflow.table import SparseTable, _default_seed
+from sparseflow.table import SparseTable, host_table
 
 _SPARSE_KERNELS = {"lazy_adam": (LazyAdam, lazy_adam_hparams), "sgd": (GradientDescent, sgd_hparams),
                    "adagrad": (Adagrad, adagrad_hparams), "ftrl": (Ftrl, ftrl_hparams)}
@@ -82,18 +81,11 @@ def shard_tables(cfg: JobConfig) -> list[SparseTable]:
                 f"ssd_vocabulary_size 0, got rows_on={entry.rows_on}, host_vocabulary_size="
                 f"{entry.host_vocabulary_size}, ssd_vocabulary_size="
                 f"{entry.ssd_vocabulary_size}.")
-        config = make_table_config(tf.int64, entry.dim, entry.name,
-                                   table_initializer(entry, cfg.schedule.seed + i),
-                                   device_vocabulary_size=entry.vocabulary_size,
-                                   admission_counter=entry.admission_counter)
-        table = SparseTable(config, _default_seed(entry.name), rows_on="host")
-        table.access_threshold = entry.access_threshold
-        table.processor.threshold = entry.access_threshold
-        table.processor.size_hint = f"tables.{entry.name}.vocabulary_size"
-        if entry.eviction_threshold >= 0:
-            table.eviction_threshold = entry.eviction_threshold
-            table.processor.track_in_flight = True
-        table.rows.bind_optimizer(kernel)
+        table = host_table(entry.name, entry.dim, table_initializer(entry, cfg.schedule.seed + i),
+                           entry.vocabulary_size, access_threshold=entry.access_threshold,
+                           eviction_threshold=entry.eviction_threshold, optimizer=kernel,
+                           size_hint=f"tables.{entry.name}.vocabulary_size",
+                           admission_counter=entry.admission_counter)
         tables.append(table)
     return tables
 

@@ -28,9 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
-from sparseflow.embed.table_config import make_table_config
 from sparseflow.ops import key_kernels as kk
-from sparseflow.table import SparseTable, _default_seed
+from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.validation import fail
@@ -110,20 +109,13 @@ class Embedding(tf.Module):
 
     @staticmethod
     def _make_table(config: TableConfig, name: str, optimizer, kernels: dict) -> SparseTable:
-        table_config = make_table_config(tf.int64, config.dim, name, config.initializer,
-                                         device_vocabulary_size=config.vocabulary_size)
-        table = SparseTable(table_config, _default_seed(name), rows_on="host")
-        table.processor.size_hint = "vocabulary_size"
-        table.access_threshold = config.access_threshold
-        table.processor.threshold = config.access_threshold
-        if config.eviction_threshold is not None:
-            table.eviction_threshold = config.eviction_threshold
-            table.processor.track_in_flight = True
-        if optimizer is not None:
-            if id(optimizer) not in kernels:
-                kernels[id(optimizer)] = optimizer.build()
-            table.rows.bind_optimizer(kernels[id(optimizer)])
-        return table
+        if optimizer is not None and id(optimizer) not in kernels:
+            kernels[id(optimizer)] = optimizer.build()
+        return host_table(name, config.dim, config.initializer, config.vocabulary_size,
+                          access_threshold=config.access_threshold,
+                          eviction_threshold=config.eviction_threshold,
+                          optimizer=None if optimizer is None else kernels[id(optimizer)],
+                          size_hint="vocabulary_size")
 
     # -- what users read -----------------------------------------------------------------
 
