@@ -7,6 +7,7 @@ import numba
 import numpy as np
 
 from sparseflow.ops.hash_index import mix64
+from sparseflow.ops.key_kernels import gather_rows
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -93,16 +94,15 @@ def take_entries(received, row_starts, counts, entries, keys, weights):
 @numba.njit(**_JIT)
 def scatter_rows(storage, rows, restore, entries, dim, reply):
     """reply[entries[i], :dim] = storage[rows[restore[i]], :dim] (zeros where that row is
-    -1): each received entry's embedding at its place."""
+    -1): each received entry's embedding at its place. Each unique row is read from the
+    cache-cold storage once (a key several workers sent is one read), as ``expand_rows``."""
+    unique = np.empty((rows.shape[0], dim), np.float32)
+    gather_rows(storage, rows, dim, unique)
     for i in range(entries.shape[0]):
-        r = rows[restore[i]]
+        u = restore[i]
         e = entries[i]
-        if r < 0:
-            for j in range(dim):
-                reply[e, j] = 0.0
-        else:
-            for j in range(dim):
-                reply[e, j] = storage[r, j]
+        for j in range(dim):
+            reply[e, j] = unique[u, j]
 
 
 @numba.njit(**_JIT)
