@@ -3,29 +3,19 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from sparseflow.distributed.exchange import Exchange
+from sparseflow.distributed.launch import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _run_workers(n=2, timeout=150):
-    ports = _free_ports(n)
+    ports = free_ports(n)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     procs = [subprocess.Popen([sys.executable, "-m", "tests.workers.key_exchange", str(i),
                                json.dumps(ports)], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -10,8 +10,7 @@ import os
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
-from sparseflow.distributed.shard_files import open_shards, read_world, table_shards
-from sparseflow.distributed.sharding import rebucket
+from sparseflow.distributed.shard_files import open_shards, owned_state, read_world
 
 SINGLE_PROCESS_DIR = "single-process"
 
@@ -36,7 +35,6 @@ def to_single_process(cfg, path: str) -> str:
         status.expect_partial().run_restore_ops(sess)
         shards = open_shards(path)
         for name, table in job.tables.items():
-            merged = rebucket(table_shards(path, shards, name), 1)[0]
-            table_state.apply(table, merged, path, sess)
+            table_state.apply(table, owned_state(path, shards, name, 1, 0), path, sess)
         sess.run(job.global_step.assign(step))
         return job.saver.save(sess, prefix, global_step=step, write_meta_graph=False)

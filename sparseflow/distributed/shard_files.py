@@ -11,6 +11,7 @@ import json
 import os
 
 from sparseflow.checkpoint import sparse_format as fmt
+from sparseflow.distributed.sharding import rebucket
 
 WORLD_FILE = "world.json"
 
@@ -72,3 +73,18 @@ def table_shards(path: str, shards: list[tuple[str, dict]], name: str) -> list:
                 f"{sorted(manifest['tables'])}).")
         states.append(fmt.read_table_state(directory, name, manifest["tables"][name]))
     return states
+
+
+def owned_state(path: str, shards: list[tuple[str, dict]], name: str, world_size: int,
+                index: int, hash: str = "mod"):
+    """Table ``name``'s keys that worker ``index`` of ``world_size`` owns, from every shard
+    of :func:`open_shards`, one old shard in memory at a time (each split as it is read,
+    the parts joined by a re-bucketing to one worker, which refuses a key found twice).
+
+    Raises:
+      CheckpointError: a shard does not hold the table.
+      ValueError: a key in two shards.
+    """
+    parts = [rebucket(table_shards(path, [shard], name), world_size, hash)[index]
+             for shard in shards]
+    return rebucket(parts, 1)[0]

@@ -28,12 +28,12 @@ from sparseflow.distributed.cluster import World
 from sparseflow.distributed.exchange import GROUP_KEY, Exchange
 from sparseflow.distributed.routing import KeyRouter
 from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints, open_shards,
-                                                read_world, table_shards)
-from sparseflow.distributed.sharding import PAD_KEY, rebucket
+                                                owned_state, read_world, table_shards)
+from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
 from sparseflow.jobs.runner import (CHECKPOINT_SUBDIR, SUMMARY_FILE, EvictionTimer,
-                                    has_eval_split, output_dir)
+                                    eval_line, eval_metrics, has_eval_split, output_dir)
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter
 from sparseflow.checkpoint.saver import latest_checkpoint
@@ -44,7 +44,6 @@ from sparseflow.optimizers.gradient_descent import GradientDescent
 from sparseflow.optimizers.hparams import (adagrad_hparams, ftrl_hparams, lazy_adam_hparams,
                                            sgd_hparams)
 from sparseflow.optimizers.lazy_adam import LazyAdam
-from sparseflow.synthetic import auc
 from sparseflow.table import SparseTable, host_table
 
 _SPARSE_KERNELS = {"lazy_adam": (LazyAdam, lazy_adam_hparams), "sgd": (GradientDescent, sgd_hparams),
@@ -317,18 +316,13 @@ class ShardedJob:
             if limit is not None and len(sums) >= limit:
                 break
         if not sums:
-            raise ValueError("The eval split produced no batch: it has fewer rows than "
-                             f"schedule.batch_size ({self.cfg.schedule.batch_size}).")
+            return eval_metrics(self.cfg, [], [], [])   # raises: no batch
         gather = tf.function(self.exchange.gather)
         add = tf.function(lambda x: self.exchange.reduce(x, "Add"))
         p = gather(tf.constant(np.concatenate(probs))).numpy()
         y = gather(tf.constant(np.concatenate(labels))).numpy()
-        loss_sums = add(tf.constant(sums, tf.float64)).numpy()
-        metrics = {"loss": float(np.mean(loss_sums / self._scale())), "batches": len(sums)}
-        for i, name in enumerate(self.cfg.columns.labels):
-            metrics[f"auc/{name}"] = auc(y[:, i], p[:, i])
-        metrics["auc"] = metrics[f"auc/{self.cfg.columns.labels[0]}"]
-        return metrics
+        losses = add(tf.constant(sums, tf.float64)).numpy() / self._scale()
+        return eval_metrics(self.cfg, list(losses), [p], [y])
 
     def evict(self) -> dict:
         """Evicts stale keys from this worker's shards; ``{table: keys removed}``."""
@@ -409,16 +403,10 @@ class ShardedJob:
         same = old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash
         # Same owners: this worker's own shard is all it needs (each worker reads 1/N).
         shards = open_shards(path, self.world.index if same else None)
-        n, r, hash_ = self.world.size, self.world.index, self.cfg.distributed.hash
         for t in self.tables:
-            if same:
-                mine = table_shards(path, shards, t.table_name)[0]
-            else:
-                # One old shard in memory at a time: keep the keys this worker now owns, then
-                # join the parts (a re-bucketing to one worker checks no key came twice).
-                parts = [rebucket(table_shards(path, [shard], t.table_name), n, hash_)[r]
-                         for shard in shards]
-                mine = rebucket(parts, 1)[0]
+            mine = (table_shards(path, shards, t.table_name)[0] if same else owned_state(
+                path, shards, t.table_name, self.world.size, self.world.index,
+                self.cfg.distributed.hash))
             table_state.apply(t, mine, f"{path} ({old_n} workers)")
         try:
             self._dense_checkpoint().read(os.path.join(
@@ -524,7 +512,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             if has_eval_split(cfg) and sched.eval_every and step % sched.eval_every == 0 \
                     and step < sched.max_steps:
                 evals.append({"step": step, **job.evaluate()})
-                log(_eval_text(evals[-1]))
+                log(eval_line(step, evals[-1]))
                 writer.scalars(step, {f"eval/{k}": v for k, v in evals[-1].items()
                                       if k != "step"})
         seconds = time.perf_counter() - began
@@ -534,7 +522,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             last_saved = job.save(ckpt_dir, step)
         final_eval = job.evaluate() if has_eval_split(cfg) else None
         if final_eval:
-            log(_eval_text({"step": step, **final_eval}))
+            log(eval_line(step, final_eval))
             writer.scalars(step, {f"eval/{k}": v for k, v in final_eval.items()})
         tables = job.table_stats()
         writer.scalars(step, {f"tables/{name}/{k}": v for name, stats in tables.items()
@@ -624,9 +612,3 @@ def _cause(message: str) -> str:
                                       "heartbeat", "connect", "failed")):
             return line
     return lines[0] if lines else ""
-
-
-def _eval_text(metrics: dict) -> str:
-    aucs = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("auc/"))
-    return (f"step {metrics['step']}: eval loss {metrics['loss']:.4f}  {aucs}  "
-            f"({metrics['batches']} batches)")

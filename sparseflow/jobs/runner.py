@@ -147,14 +147,14 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
             if has_eval and sched.eval_every and step % sched.eval_every == 0 \
                     and step < sched.max_steps:
                 eval_metrics = _evaluate(sess, job)
-                progress.message(_eval_line(step, eval_metrics))
+                progress.message(eval_line(step, eval_metrics))
                 writer.scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
             if sched.save_every and step % sched.save_every == 0 and step < sched.max_steps:
                 last_saved = _save(sess, job, ckpt_dir, step)
         progress.close()
         if has_eval:
             eval_metrics = _evaluate(sess, job)
-            stream.write(_eval_line(step, eval_metrics) + "\n")
+            stream.write(eval_line(step, eval_metrics) + "\n")
             writer.scalars(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
         if step > start_step or last_saved is None:
             last_saved = _save(sess, job, ckpt_dir, step)
@@ -201,7 +201,7 @@ def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None) 
         sess.run(tf.compat.v1.global_variables_initializer())
         job.saver.restore(sess, prefix)
         metrics = _evaluate(sess, job)
-    stream.write(_eval_line(None, metrics) + "\n")
+    stream.write(eval_line(None, metrics) + "\n")
     return metrics
 
 
@@ -280,14 +280,25 @@ def _evaluate(sess, job: JobGraph) -> dict:
         losses.append(loss)
         probs.append(p)
         labels.append(y)
+    return eval_metrics(job.cfg, losses, probs, labels)
+
+
+def eval_metrics(cfg: JobConfig, losses: list, probs: list, labels: list) -> dict:
+    """``loss`` (the mean of the batches' mean losses), ``batches``, ``auc/<label>`` per
+    label and ``auc`` (the first label's) from each eval batch's loss, probabilities and
+    labels ``[batch, n_labels]``.
+
+    Raises:
+      ValueError: no batch (the eval split is smaller than a batch).
+    """
     if not losses:
         raise ValueError("The eval split produced no batch: it has fewer rows than "
-                         f"schedule.batch_size ({job.cfg.schedule.batch_size}).")
+                         f"schedule.batch_size ({cfg.schedule.batch_size}).")
     p, y = np.concatenate(probs), np.concatenate(labels)
     metrics = {"loss": float(np.mean(losses)), "batches": len(losses)}
-    for i, name in enumerate(job.cfg.columns.labels):
+    for i, name in enumerate(cfg.columns.labels):
         metrics[f"auc/{name}"] = auc(y[:, i], p[:, i])
-    metrics["auc"] = metrics[f"auc/{job.cfg.columns.labels[0]}"]
+    metrics["auc"] = metrics[f"auc/{cfg.columns.labels[0]}"]
     return metrics
 
 
@@ -302,7 +313,8 @@ def _table_scalars(job: JobGraph) -> dict:
     return values
 
 
-def _eval_line(step, metrics: dict) -> str:
+def eval_line(step, metrics: dict) -> str:
+    """One log line of evaluation metrics (``step`` None: without a step)."""
     aucs = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("auc/"))
     where = f"step {step}: " if step is not None else ""
     return f"{where}eval loss {metrics['loss']:.4f}  {aucs}  ({metrics['batches']} batches)"
