@@ -38,6 +38,7 @@ from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter
 from sparseflow.checkpoint.saver import latest_checkpoint
 from sparseflow.models import build_model, pool
+from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.optimizers.adagrad import Adagrad
 from sparseflow.optimizers.ftrl import Ftrl
 from sparseflow.optimizers.gradient_descent import GradientDescent
@@ -160,9 +161,8 @@ class ShardedJob:
                         "route/place": tf.ensure_shape(place, [None, 2]),
                         "route/gather": tf.ensure_shape(gather, [None]),
                         "route/sizes": tf.ensure_shape(sizes, [t + len(features)])})
-            out["route/timestamp"] = (
-                tf.reduce_max(tf.cast(tf.reshape(batch[ts_column], [-1]), tf.int64))
-                if ts_column and split == "train" else tf.constant(-1, tf.int64))
+            out["route/timestamp"] = (batch_timestamp(batch[ts_column])
+                                      if ts_column and split == "train" else no_timestamp())
             return out
 
         return ds.map(with_routes, num_parallel_calls=2, deterministic=True).prefetch(2)

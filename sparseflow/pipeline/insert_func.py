@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from sparseflow import config as _config
 from sparseflow.featurespec.grouping import group_specs_by_table
+from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.validation import check_bool
 
@@ -186,10 +187,9 @@ def get_asc_insert_func(tgt_key_specs=None, args_index_list=None, table_names=No
                 raise TypeError(f"FeatureSpec `{spec.name}` reads batch[{spec.index_key!r}] of "
                                 f"dtype {tensor.dtype.name}; keys must be int32 or int64.")
             plan.key_dtypes[spec.unique_name] = tensor.dtype
-        timestamp = tf.constant(-1, tf.int64)
+        timestamp = no_timestamp()
         if plan.timestamp is not None:
-            ts = _feature(batch, plan.timestamp)
-            timestamp = tf.reduce_max(tf.cast(tf.reshape(ts, [-1]), tf.int64))
+            timestamp = batch_timestamp(_feature(batch, plan.timestamp))
         process = _make_process(rt, plan)
         # One concatenated output plus its sizes: each numpy_function output costs ~50 us to
         # hand back (52 outputs: 2.5 ms per 26-table batch).

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
 from sparseflow.ops import key_kernels as kk
+from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
@@ -165,7 +166,8 @@ class Embedding(tf.Module):
             ``tf.RaggedTensor`` ``[batch, None]``. Keys are any int64 value.
           training: the training channel (counts keys, admits them, assigns rows) or
             evaluation (reads only: unknown keys look up zeros).
-          timestamp: an int64 scalar (seconds) for eviction, or None.
+          timestamp: for eviction, the batch's time: an int scalar, or every example's
+            time (an int tensor ``[batch]``), of which the latest is the batch's; or None.
 
         Returns:
           A flat dict of tensors, to pass to :meth:`enqueue`.
@@ -179,8 +181,7 @@ class Embedding(tf.Module):
                  training, TypeError)
         flat = self._flatten(features)
         parts = [self._ids_and_segments(f, x) for f, x in zip(self._features, flat)]
-        ts = tf.constant(-1, tf.int64) if timestamp is None else tf.cast(
-            tf.reshape(timestamp, []), tf.int64)
+        ts = no_timestamp() if timestamp is None else batch_timestamp(timestamp)
         n_tables, n_features = len(self._tables), len(self._features)
 
         @tf.autograph.experimental.do_not_convert
