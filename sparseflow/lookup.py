@@ -112,9 +112,11 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         fail("access_and_evict_config", "None outside modify-graph mode (set thresholds on the "
              "FeatureSpec)", access_and_evict_config)
     if ids.table_name != hashtable.table_name:
-        raise ValueError(f"Argument `ids` must be a FeatureSpec of table "
-                         f"{hashtable.table_name!r}. Received: FeatureSpec `{ids.name}` of table "
-                         f"{ids.table_name!r}")
+        raise ValueError(f"FeatureSpec `{ids.name}` has `table_name`={ids.table_name!r}, but "
+                         f"sparse_lookup was given table {hashtable.table_name!r}: a FeatureSpec "
+                         f"is looked up in the table its `table_name` names. Pass the table "
+                         f"{ids.table_name!r}, or build the FeatureSpec with "
+                         f"table_name={hashtable.table_name!r}.")
     if not rt.config.use_dynamic:
         if send_count is None:
             fail("send_count", "an int in [1, 2147483647] when init(use_dynamic=False)",

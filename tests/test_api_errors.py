@@ -55,8 +55,8 @@ def test_sparse_lookup_argument_errors(sf_init):
         sf.sparse_lookup("t", spec, batch=batch)
     with pytest.raises(TypeError, match=r"`ids` must be a FeatureSpec. Received: 3"):
         sf.sparse_lookup(table, 3, batch=batch)
-    with pytest.raises(ValueError, match=r"`ids` must be a FeatureSpec of table 'other'.*"
-                                         r"FeatureSpec `f` of table 't'"):
+    with pytest.raises(ValueError, match=r"FeatureSpec `f` has `table_name`='t', but "
+                                         r"sparse_lookup was given table 'other'"):
         sf.sparse_lookup(other, spec, batch=batch)
     with pytest.raises(ValueError, match=r"`send_count` must be an int in \[1, 2147483647\]. "
                                          r"Received: 0"):
@@ -145,6 +145,39 @@ def test_apply_gradients_rejects_dense_variables_and_dense_gradients(sf_init):
     with pytest.raises(TypeError, match=r"`grads_and_vars` must be gradients from "
                                         r"tf.gradients\(loss, table\) \(IndexedSlices\)"):
         opt.apply_gradients([(tf.zeros([3, 4]), table)])
+
+
+def test_apply_gradients_with_nothing_to_apply_raises_like_tf(sf_init):
+    """An empty list (built from a collection nobody filled) or only None gradients must not
+    build a no-op: the program would train without its sparse tables."""
+    table, other = _table("t"), _table("u")
+    opt = lazy_adam.create_hash_optimizer()
+    with pytest.raises(ValueError, match=r"No gradients provided: `grads_and_vars` is empty"):
+        opt.apply_gradients([])
+    with pytest.raises(ValueError, match=r"No gradients provided for any table.*"
+                                         r"\['t', 'u'\]"):
+        opt.apply_gradients(zip([None, None], [table, other]))
+    spec = sf.FeatureSpec("f", table_name="t")
+    emb = sf.sparse_lookup(table, spec, batch=_batch(spec))
+    grad = tf.gradients(tf.reduce_sum(emb), [table])[0]
+    assert isinstance(opt.apply_gradients([(grad, table), (None, other)]), tf.Operation)
+
+
+def test_by_address_apply_gradients_with_nothing_to_apply_raises(graph):
+    from sparseflow.lookup import ADDRESS_COLLECTION
+    from sparseflow.optimizers import lazy_adam_by_addr
+
+    sf.init(use_dynamic_expansion=True)
+    table = _table("t")
+    spec = sf.FeatureSpec("f", table_name="t")
+    sf.sparse_lookup(table, spec, batch=_batch(spec))
+    addresses = tf.compat.v1.get_collection(ADDRESS_COLLECTION)
+    assert len(addresses) == 1
+    opt = lazy_adam_by_addr.create_hash_optimizer_by_address(0.1)
+    with pytest.raises(ValueError, match=r"No gradients provided: `grads_and_vars` is empty"):
+        opt.apply_gradients([])
+    with pytest.raises(ValueError, match=r"No gradients provided for any table.*\['t'\]"):
+        opt.apply_gradients([(None, addresses[0])])
 
 
 def test_a_table_takes_one_sparse_optimizer(sf_init):

@@ -87,18 +87,21 @@ class SparseOptimizer:
 
         Raises:
           TypeError: a variable is not a sparseflow table or a gradient not IndexedSlices.
-          ValueError: a table is already bound to another optimizer, or the optimizer has no
+          ValueError: no gradient to apply (``grads_and_vars`` is empty or every gradient is
+            None), as TF's optimizers raise; a table is already bound to another
+            optimizer, or the optimizer has no
             update for device rows (a subclass without ``_device_update``) and a table has
             ``rows_on="device"``.
         """
         from sparseflow.table import SparseTable  # the table module imports TF wiring
 
-        pairs, device_pairs = [], []
+        pairs, device_pairs, without_gradient = [], [], []
         for grad, table in grads_and_vars:
             if not isinstance(table, SparseTable):
                 fail("grads_and_vars", "pairs (gradient, sparseflow table); dense variables "
                      "go to a dense TF optimizer", table, TypeError)
             if grad is None:
+                without_gradient.append(table.table_name)
                 continue
             if not isinstance(grad, tf.IndexedSlices):
                 fail("grads_and_vars", "gradients from tf.gradients(loss, table) "
@@ -110,6 +113,8 @@ class SparseOptimizer:
                     f"create it with rows_on=\"host\".")
             table.rows.bind_optimizer(self)
             (device_pairs if table.rows_on == "device" else pairs).append((grad, table))
+        if not pairs and not device_pairs:
+            raise_no_gradients(without_gradient, "table")
         with tf.name_scope(name or self.name):
             updates = []
             if pairs:
@@ -196,3 +201,27 @@ class SparseOptimizer:
     def _update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray,
                 step: int) -> None:
         raise NotImplementedError
+
+
+def raise_no_gradients(without_gradient: list, kind: str) -> None:
+    """Raises the error of an ``apply_gradients`` call with nothing to apply, as TF's own
+    optimizers do ("No gradients provided for any variable"): training would otherwise run
+    silently without its sparse tables (a list built from a collection nobody filled).
+
+    Args:
+      without_gradient: the names of the tables whose gradient was None (empty when
+        ``grads_and_vars`` itself was empty).
+      kind: what the pairs' second element is ("table" or "address"), for the message.
+
+    Raises:
+      ValueError: always.
+    """
+    if not without_gradient:
+        raise ValueError(
+            f"No gradients provided: `grads_and_vars` is empty. Pass (gradient, {kind}) pairs, "
+            f"e.g. zip(tf.gradients(loss, {kind}s), {kind}s); an empty list often means the "
+            f"list was built from a collection that no sparse_lookup filled.")
+    raise ValueError(
+        f"No gradients provided for any table: every gradient in `grads_and_vars` is None, "
+        f"for tables {sorted(set(without_gradient))}. Check that the loss depends on these "
+        f"tables' sparse_lookup outputs (and that is_grad=True).")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.optimizers.base import SparseOptimizer
+from sparseflow.optimizers.base import SparseOptimizer, raise_no_gradients
 from sparseflow.validation import fail
 
 _PAIRS = ("pairs (gradient, address) with the addresses from the "
@@ -55,7 +55,8 @@ class ByAddressOptimizer(SparseOptimizer):
         Raises:
           TypeError: an element is not a pair, a table is given instead of an address, or a
             gradient is not a float32 tensor or IndexedSlices.
-          ValueError: an address tensor comes from no training ``sparse_lookup`` of this
+          ValueError: no gradient to apply (``grads_and_vars`` is empty or every gradient is
+            None); an address tensor comes from no training ``sparse_lookup`` of this
             graph, a gradient's width is not its table's dim, or a table is already bound to
             another optimizer.
         """
@@ -64,6 +65,7 @@ class ByAddressOptimizer(SparseOptimizer):
 
         groups: dict = {}      # table name -> (table, [(rows, values)])
         gathers = []
+        without_gradient = []
         for pair in grads_and_vars:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 fail("grads_and_vars", _PAIRS, pair, TypeError)
@@ -77,11 +79,14 @@ class ByAddressOptimizer(SparseOptimizer):
                      "this graph", getattr(address, "name", address))
             table, local_emb = owner
             if grad is None:
+                without_gradient.append(table.table_name)
                 continue
             values = self._dense_gradient(grad, address, table)
             table.rows.bind_optimizer(self)
             groups.setdefault(table.table_name, (table, []))[1].append((address, values))
             gathers.append(local_emb)
+        if not groups:
+            raise_no_gradients(without_gradient, "address")
         with tf.name_scope(name or self.name):
             updates = []
             if groups:
