@@ -315,3 +315,65 @@ def test_an_abandoned_batch_does_not_hold_evicted_rows_forever():
                                 np.array([1], np.int32), True, 1).seq
         processor.release(seq)
     assert processor.rows_waiting == 0
+
+
+# -- the eviction boundary: clock - last_seen >= eviction_threshold ---------------------------
+
+def test_stale_keys_evicts_an_age_equal_to_the_threshold():
+    from sparseflow.ops.key_kernels import stale_keys
+    clock, threshold = np.int64(1_700_000_100), np.int64(30)
+    # Index slots: keys and their rows; -1 is an empty slot or a counted, unadmitted key.
+    idx_keys = np.array([10, 11, 12, 13, 14, 15, 0], np.int64)
+    idx_rows = np.array([0, 1, 2, -1, 3, 4, -1], np.int32)
+    ages = np.array([30, 29, 31, 0, 100], np.int64)  # per row: equal, below, above, 0, far
+    got = stale_keys(idx_keys, idx_rows, clock - ages, clock, threshold)
+    np.testing.assert_array_equal(got, [10, 12, 15])
+
+
+def test_stale_keys_matches_numpy_around_the_threshold():
+    from sparseflow.ops.key_kernels import stale_keys
+    rng = np.random.default_rng(8)
+    clock, threshold = np.int64(5000), np.int64(40)
+    n_rows = 300
+    idx_rows = rng.permutation(np.arange(-1, n_rows)).astype(np.int32)
+    idx_rows[rng.random(idx_rows.shape[0]) < 0.2] = -1
+    idx_keys = rng.integers(0, 2**62, idx_rows.shape[0]).astype(np.int64)
+    last_seen = clock - rng.integers(threshold - 2, threshold + 3, n_rows).astype(np.int64)
+    want = idx_keys[(idx_rows >= 0) & (clock - last_seen[np.maximum(idx_rows, 0)] >= threshold)]
+    got = stale_keys(idx_keys, idx_rows, last_seen, clock, threshold)
+    np.testing.assert_array_equal(got, want)
+    assert 0 < got.shape[0] < (idx_rows >= 0).sum()
+
+
+def test_key_processor_evicts_at_the_threshold_from_the_largest_timestamp():
+    processor = _processor(threshold=0)
+    for key, timestamp in ((3, 19), (1, 20), (2, 21), (4, 30), (5, 25)):
+        _feed(processor, [key], timestamp=timestamp)
+    # The clock is 30, the largest timestamp, not 25, the last one: ages 11, 10, 9, 0, 5.
+    assert processor.clock == 30
+    result = processor.evict(10)
+    assert result.keys_removed == 2 and result.keys_left == 3
+    rows = processor.lookup(np.array([3, 1, 2, 4, 5], np.int64))
+    np.testing.assert_array_equal(rows >= 0, [False, False, True, True, True])
+    assert processor.evict(0).keys_removed == 3  # age 0 >= 0: key 4, seen at the clock, too
+    assert processor.size == 0
+
+
+def test_a_table_evicts_at_the_threshold_through_the_pipeline(sf_init):
+    # One key per batch; the table's clock becomes 130 (the last batch is older: 125).
+    keys = np.array([[3], [1], [2], [4], [5]], np.int64)
+    ts = np.array([119, 120, 121, 130, 125], np.int64)
+    table = sf.create_table(tf.int64, 2, "t", tf.compat.v1.ones_initializer(),
+                            device_vocabulary_size=10)
+    it = tf.compat.v1.data.make_initializable_iterator(
+        _timestamped_iterator(keys, ts, _specs(access=0, eviction=10)))
+    rows = sf.pipeline.insert_func.batch_rows(it.get_next(), "t")
+    sf.start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(it.initializer)
+        for _ in range(5):
+            sess.run(rows)
+    assert table.stats()["clock"] == 130 and table.size() == 5
+    result = sf.evict("t")["t"]
+    assert result.keys_removed == 2
+    np.testing.assert_array_equal(table.export()[0], [2, 4, 5])  # ages 9, 0, 5 stay
