@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from sparseflow.embed.limits import (MAX_DIM, MAX_VOCABULARY_SIZE, TABLE_NAME_MAX_LEN,
+                                     TABLE_NAME_PATTERN)
 from sparseflow.validation import (INT32_MAX, check_bool, check_float, check_int, check_one_of,
                                    check_str, fail, is_int)
 
-MAX_DIM = 8192
-MAX_VOCABULARY_SIZE = 10**9
-_NAME_MAX_LEN = 100
-_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.]+")
+_MAX_SHARD_NUM = 8192   # Rec SDK's documented range for the (ignored) `shard_num`
 _KEY_DTYPES = ("int32", "int64")
 _VALUE_DTYPES = ("float32",)
 _ALL2ALL_GRADIENTS_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
@@ -171,10 +169,10 @@ def check_table_name(name: Any, argument: str = "name") -> str:
     Raises:
       TypeError, ValueError: naming ``argument``.
     """
-    check_str(argument, name, 1, _NAME_MAX_LEN)
-    if not _NAME_PATTERN.fullmatch(name):
-        fail(argument, f"a str of 1 to {_NAME_MAX_LEN} characters from A-Z, a-z, 0-9, '_' and "
-             f"'.'", name)
+    check_str(argument, name, 1, TABLE_NAME_MAX_LEN)
+    if not TABLE_NAME_PATTERN.fullmatch(name):
+        fail(argument, f"a str of 1 to {TABLE_NAME_MAX_LEN} characters from A-Z, a-z, 0-9, '_' "
+             f"and '.'", name)
     return name
 
 
@@ -235,7 +233,7 @@ def _check_ignored(ignored: dict[str, Any]) -> None:
         elif argument == "all2all_gradients_op":
             check_one_of(argument, value, _ALL2ALL_GRADIENTS_OPS)
         elif argument == "shard_num":
-            check_int(argument, value, 1, MAX_DIM)
+            check_int(argument, value, 1, _MAX_SHARD_NUM)
         elif argument == "hashtable_threshold":
             check_int(argument, value, 0, INT32_MAX)
         elif argument not in _IGNORED_OTHERS:

@@ -12,10 +12,11 @@ import threading
 from typing import Any
 
 from sparseflow import config
+from sparseflow.embed.limits import (ACCESS_THRESHOLD_MAX, ACCESS_THRESHOLD_MIN,
+                                     EVICTION_THRESHOLD_MAX, FEATURE_NAME_MAX_LEN as _NAME_MAX_LEN)
 from sparseflow.validation import (INT32_MAX, check_bool, check_int, check_optional_int, check_str,
                                    fail, is_int)
 
-_NAME_MAX_LEN = 255
 _INDEX_KEY_MAX = 255
 
 # Process-wide, never reset: a spec created after a terminate/init cycle must not reuse a
@@ -93,9 +94,10 @@ class FeatureSpec:
         if table_name is not None:
             check_str("table_name", table_name, 1, _NAME_MAX_LEN)
         index_key = name if index_key is None else _check_index_key(index_key)
-        access_threshold = check_optional_int("access_threshold", access_threshold, -1, INT32_MAX)
+        access_threshold = check_optional_int("access_threshold", access_threshold,
+                                              ACCESS_THRESHOLD_MIN, ACCESS_THRESHOLD_MAX)
         eviction_threshold = check_optional_int("eviction_threshold", eviction_threshold, -1,
-                                                INT32_MAX)
+                                                EVICTION_THRESHOLD_MAX)
         is_timestamp = False if is_timestamp is None else check_bool("is_timestamp", is_timestamp)
         batch_size = check_optional_int("batch_size", batch_size, 1, INT32_MAX)
         faae_coefficient = check_int("faae_coefficient", faae_coefficient, 1, INT32_MAX)

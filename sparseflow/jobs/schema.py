@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Mapping, Sequence
 
+from sparseflow.embed.limits import (ACCESS_THRESHOLD_MAX, ACCESS_THRESHOLD_MIN,
+                                     EVICTION_THRESHOLD_MAX, FEATURE_NAME_MAX_LEN, MAX_DIM,
+                                     MAX_VOCABULARY_SIZE, TABLE_NAME_MAX_LEN,
+                                     TABLE_NAME_PATTERN)
 from sparseflow.jobs.fields import (INT32_MAX, Range, boolean, choice, integer,
                                     mapping, number, show, string, strings, widths)
 from sparseflow.jobs.yaml_tree import ConfigError, Node, dotted, load_tree
@@ -265,9 +268,6 @@ CRITEO_COLUMNS = ("label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in 
 MOVIELENS_COLUMNS = ("label", "user_id", "item_id", "age", "gender", "occupation", "zip_code",
                      "release_year", "genres", "timestamp")
 RESERVED_COLUMNS = ("labels", "dense")  # batch keys the data pipeline emits
-MAX_DIM = 8192
-MAX_VOCABULARY_SIZE = 10**9
-_TABLE_NAME = re.compile(r"[A-Za-z0-9_.]{1,100}")
 _TABLE_KEYS = ("dim", "vocabulary_size", "initializer", "access_threshold",
                "eviction_threshold", "admission_counter", "rows_on", "host_vocabulary_size",
                "ssd_vocabulary_size", "ssd_data_path")
@@ -451,15 +451,16 @@ def _tables(n: Node, columns: ColumnsConfig) -> tuple[dict[str, TableEntry], dic
     tables, nodes = {}, {}
     for name in names:
         t = n[name]
-        if not _TABLE_NAME.fullmatch(name):
-            t.fail('table names are 1 to 100 characters of A-Z, a-z, 0-9, "_" and "."')
+        if not TABLE_NAME_PATTERN.fullmatch(name):
+            t.fail(f"table names are 1 to {TABLE_NAME_MAX_LEN} characters of A-Z, a-z, 0-9, "
+                   '"_" and "."')
         own = mapping(t, _TABLE_KEYS)
         k = {key: d[key] if key in defaults and key not in own else t[key] for key in _TABLE_KEYS}
         dim = integer(k["dim"], 1, MAX_DIM)
         vocabulary_size = integer(k["vocabulary_size"], 1, MAX_VOCABULARY_SIZE)
         initializer = _initializer(k["initializer"])
-        access = integer(k["access_threshold"], -1, INT32_MAX, -1)
-        eviction = integer(k["eviction_threshold"], -1, INT32_MAX, -1)
+        access = integer(k["access_threshold"], ACCESS_THRESHOLD_MIN, ACCESS_THRESHOLD_MAX, -1)
+        eviction = integer(k["eviction_threshold"], -1, EVICTION_THRESHOLD_MAX, -1)
         if eviction >= 0 and access < 0:
             k["eviction_threshold"].fail("needs access_threshold >= 0 (eviction works with "
                                          f"admission), got access_threshold {access}")
@@ -531,8 +532,8 @@ def _features(n: Node, columns: ColumnsConfig, tables: dict, table_nodes: dict,
             n.fail("must list at least one feature (or leave features out: one per sparse "
                    "column, table of the same name)")
         for name, f in n.items():
-            if len(name) > 255:
-                f.fail("feature names are at most 255 characters")
+            if len(name) > FEATURE_NAME_MAX_LEN:
+                f.fail(f"feature names are at most {FEATURE_NAME_MAX_LEN} characters")
             mapping(f, ("table", "index_key", "faae_coefficient", "combiner"))
             table = string(f["table"], name)
             if table not in tables:

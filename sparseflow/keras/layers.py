@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
+from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
@@ -28,7 +29,7 @@ from sparseflow.validation import fail
 
 _STATE_KEYS = ("keys", "counts", "last_seen", "values", "counted_keys", "counted_counts",
                "clock", "optimizer_steps")
-_NOT_IN_A_TABLE_NAME = re.compile(r"[^A-Za-z0-9_.]")
+_NOT_IN_A_TABLE_NAME = re.compile(f"[^{TABLE_NAME_CHARS}]")
 
 
 @keras.saving.register_keras_serializable(package="sparseflow")
@@ -88,7 +89,8 @@ class SparseEmbedding(keras.layers.Layer):
                           max_sequence_length=max_sequence_length,
                           access_threshold=access_threshold,
                           eviction_threshold=eviction_threshold, padding_key=padding_key)
-        table_name = _NOT_IN_A_TABLE_NAME.sub("_", self.name)[:100] or "sparse_embedding"
+        table_name = (_NOT_IN_A_TABLE_NAME.sub("_", self.name)[:TABLE_NAME_MAX_LEN]
+                      or "sparse_embedding")
         self.table_config = TableConfig(vocabulary_size, dim, self.initializer,
                                         combiner=combiner, name=table_name,
                                         access_threshold=access_threshold,
@@ -165,8 +167,6 @@ class SparseEmbedding(keras.layers.Layer):
         store["slot_names"] = np.frombuffer(",".join(state.slot_names).encode(), np.uint8)
 
     def load_own_variables(self, store):
-        # Not super(): it expects the store to hold the Keras variables only.
-        self.anchor.assign(np.asarray(store["0"]))
         table = self.table
         get = {key: np.asarray(store[key]) for key in _STATE_KEYS}
         state = table_state.TableState(

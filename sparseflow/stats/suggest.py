@@ -34,10 +34,9 @@ from fractions import Fraction
 import numpy as np
 import yaml
 
+from sparseflow.embed.limits import EVICTION_THRESHOLD_MAX, MAX_VOCABULARY_SIZE
 from sparseflow.stats import report
 
-INT32_MAX = 2**31 - 1
-MAX_VOCABULARY = 10**9   # the job config's limit on vocabulary_size
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20,
           "mb": 10**6, "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40,
           "tb": 10**12}
@@ -278,13 +277,14 @@ def render_yaml_fragment(suggestion: dict) -> str:
             f"# {report.format_bytes(t['bytes'])}, {t['traffic_kept_share']:.2%} of traffic kept, "
             f"{t['keys_kept']:,} of {t['distinct_keys']:,} keys (dim {t['dim']}, "
             f"{t['optimizer']})"))
-        note = (f"   # above the config limit {MAX_VOCABULARY}: split it over host/ssd tiers"
-                if t["vocabulary_size"] > MAX_VOCABULARY else "")
+        note = (f"   # above the config limit {MAX_VOCABULARY_SIZE}: split it over host/ssd "
+                "tiers" if t["vocabulary_size"] > MAX_VOCABULARY_SIZE else "")
         lines.append(f"    vocabulary_size: {t['vocabulary_size']}{note}")
         lines.append(f"    access_threshold: {t['access_threshold']}")
         if "eviction_threshold" in t:
             note = f"   # {t['keys_alive']:,} keys seen within the window at the data's end"
-            if t["eviction_threshold"] > INT32_MAX:
-                note += f"; above the config limit {INT32_MAX}: use coarser timestamps"
+            if t["eviction_threshold"] > EVICTION_THRESHOLD_MAX:
+                note += (f"; above the config limit {EVICTION_THRESHOLD_MAX}: use coarser "
+                         "timestamps")
             lines.append(f"    eviction_threshold: {t['eviction_threshold']}{note}")
     return "\n".join(lines) + "\n"

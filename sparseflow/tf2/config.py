@@ -12,13 +12,13 @@ import math
 
 import tensorflow as tf
 
-from sparseflow.tf2.optimizers import OPTIMIZERS
+from sparseflow.embed.limits import (ACCESS_THRESHOLD_MAX, ACCESS_THRESHOLD_MIN,
+                                     EVICTION_THRESHOLD_MAX, MAX_DIM, MAX_VOCABULARY_SIZE)
 from sparseflow.embed.table_config import check_table_name
+from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.validation import INT32_MAX, check_int, check_one_of, fail, is_int
 
 COMBINERS = ("sum", "mean", "sqrtn")
-_MAX_VOCABULARY = 1_000_000_000
-_MAX_DIM = 8192
 
 
 class TableConfig:
@@ -46,8 +46,9 @@ class TableConfig:
     def __init__(self, vocabulary_size: int, dim: int, initializer=None, optimizer=None,
                  combiner: str = "mean", name: str | None = None,
                  access_threshold: int | None = None, eviction_threshold: int | None = None):
-        self.vocabulary_size = check_int("vocabulary_size", vocabulary_size, 1, _MAX_VOCABULARY)
-        self.dim = check_int("dim", dim, 1, _MAX_DIM)
+        self.vocabulary_size = check_int("vocabulary_size", vocabulary_size, 1,
+                                         MAX_VOCABULARY_SIZE)
+        self.dim = check_int("dim", dim, 1, MAX_DIM)
         if initializer is None:
             initializer = tf.compat.v1.truncated_normal_initializer(
                 stddev=1.0 / math.sqrt(self.dim))
@@ -59,11 +60,11 @@ class TableConfig:
         self.combiner = check_one_of("combiner", combiner, COMBINERS)
         self.name = None if name is None else check_table_name(name)
         self.access_threshold = (-1 if access_threshold is None
-                                 else check_int("access_threshold", access_threshold, -1,
-                                                INT32_MAX))
+                                 else check_int("access_threshold", access_threshold,
+                                                ACCESS_THRESHOLD_MIN, ACCESS_THRESHOLD_MAX))
         self.eviction_threshold = (None if eviction_threshold is None
                                    else check_int("eviction_threshold", eviction_threshold,
-                                                  0, INT32_MAX))
+                                                  0, EVICTION_THRESHOLD_MAX))
 
     def __repr__(self) -> str:
         return (f"TableConfig(vocabulary_size={self.vocabulary_size}, dim={self.dim}, "
