@@ -2,7 +2,7 @@
 
     sparseflow validate CONFIG [--set KEY=VALUE ...]
     sparseflow train    CONFIG [--set KEY=VALUE ...] [--out DIR] [--no-progress] [--workers N]
-    sparseflow eval     CONFIG --checkpoint PATH [--set ...]
+    sparseflow eval     CONFIG --checkpoint PATH [--set ...] [--no-progress]
     sparseflow export   CONFIG --checkpoint PATH --out DIR [--set ...]
     sparseflow stats    DATA ... --sparse C1,C2 [--timestamp COL] [--out DIR] [options]
     sparseflow stats    --config CONFIG [--set ...] [--out DIR] [options]
@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = job_command("eval", "Evaluate a checkpoint on the job's eval split.")
     evaluate.add_argument("--checkpoint", required=True,
                           help="a checkpoint prefix or a directory holding checkpoints")
+    evaluate.add_argument("--no-progress", action="store_true",
+                          help="plain log lines even on a terminal")
     export = job_command("export", "Export a checkpoint as a SavedModel that serves "
                                    "predictions from raw features.")
     export.add_argument("--checkpoint", required=True,
@@ -129,12 +131,14 @@ def _stats(args) -> int:
     if not data or not sparse:
         print("error: sparseflow stats needs DATA and --sparse, or --config", file=sys.stderr)
         return EXIT_USAGE
-    tty = sys.stderr.isatty()
+    from sparseflow.jobs.progress import Progress
+
+    # The number of files is known once compute_stats has expanded the paths.
+    bar = None if args.no_progress else Progress(None, desc="files", unit="file",
+                                                 stream=sys.stderr)
 
     def progress(done: int, total: int, rows: int) -> None:
-        end = "" if tty and done < total else "\n"
-        print(f"{chr(13) if tty else ''}files {done}/{total}, {rows:,} rows", end=end,
-              file=sys.stderr, flush=True)
+        bar.update(done, f"{rows:,} rows", total=total)
 
     client = cluster = None
     if args.dask:
@@ -161,13 +165,15 @@ def _stats(args) -> int:
                             eviction_window=args.eviction_window, dim=dim or 16,
                             optimizer=optimizer or "adam", encodings=encodings,
                             fmt=fmt or "parquet", delimiter=delimiter, workers=args.workers,
-                            progress=None if args.no_progress else progress,
+                            progress=None if bar is None else progress,
                             mode="approximate" if args.approx else "exact",
                             dask_client=client)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
+        if bar is not None:
+            bar.close()
         if client is not None:
             client.close()
         if cluster is not None:
@@ -225,7 +231,7 @@ def _run(args, cfg) -> int:
         _log_to_stderr()
         return _train(args, cfg)
     elif args.command == "eval":
-        runner.evaluate(cfg, args.checkpoint)
+        runner.evaluate(cfg, args.checkpoint, tty=False if args.no_progress else None)
     elif args.command == "export":
         from sparseflow.jobs.export import export
 
@@ -268,7 +274,7 @@ def _train(args, cfg) -> int:
     # Any failure leaves at once: the keys thread may sit in a collective until its timeout,
     # and TensorFlow's teardown of a cluster with a failed or dead peer can block.
     try:
-        train(cfg, world or World(0, 1))
+        train(cfg, world or World(0, 1), tty=False if args.no_progress else None)
     except (WorkerLostError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(EXIT_FAILED)
@@ -284,10 +290,13 @@ def _train(args, cfg) -> int:
 
 
 def _log_to_stderr() -> None:
-    """sparseflow's INFO messages (each eviction) on stderr, apart from the progress output."""
+    """sparseflow's INFO messages (each eviction) on stderr, apart from the progress output
+    (and between a progress bar's redraws when both go to the terminal)."""
+    from sparseflow.jobs.progress import ProgressLogHandler
+
     logger = logging.getLogger("sparseflow")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = ProgressLogHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

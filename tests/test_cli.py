@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from sparseflow import cli
 from sparseflow.jobs import runner
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.export import export
-from sparseflow.jobs.progress import Progress, format_table
+from sparseflow.jobs.progress import format_table
 from sparseflow.jobs.schema import load_config, parse_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -229,16 +230,93 @@ def test_input_wait_is_measured_on_traced_steps(tmp_path):
     assert 0.0 <= summary["input_wait_share"] <= 1.0
 
 
-def test_progress_bar_on_a_terminal_and_lines_elsewhere():
-    tty = io.StringIO()
-    bar = Progress(10, tty, tty=True)
-    bar.update(5, 2.5, 0.25)
-    bar.message("eval line")
-    assert tty.getvalue() == ("\r[############............] 5/10    2.50 steps/s  loss 0.2500\n"
-                              "eval line\n")
-    log = io.StringIO()
-    Progress(10, log, tty=False).update(5, 2.5, 0.25)
-    assert log.getvalue() == "step 5/10  2.50 steps/s  loss 0.2500\n"
+class Terminal(io.StringIO):
+    """An in-memory stream that says it is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def summary_lines(name: str) -> list[str]:
+    """The first lines of the summary the demo prints after training."""
+    return [f"== {name} ==", "metric", "steps", "samples this run", "throughput (samples/s)",
+            "train loss (last window)", "eval loss", "eval auc/label", "checkpoint"]
+
+
+def test_training_on_a_terminal_draws_a_bar_then_prints_the_summary(tmp_path):
+    term = Terminal()
+    runner.train(load_config(tiny_job(tmp_path, "dlrm", steps=8)), stream=term)
+    text = term.getvalue()
+    _, _, rest = text.rpartition("\r")
+    frames = text.split("\r")
+    assert any(f.startswith("step: ") and "|" in f and "/8 [" in f and "step/s" in f
+               for f in frames)
+    final = rest.splitlines()[0]   # the bar's last frame, left on screen
+    assert final.startswith("step: 100%|") and "8/8 [" in final and "loss " in final
+    lines = rest.splitlines()[1:]
+    assert lines[0].startswith("step 8: eval loss")
+    heads = [line.split("  ")[0] for line in lines]
+    for expected in summary_lines("tiny_dlrm"):
+        assert any(h.startswith(expected) for h in heads), (expected, lines)
+    assert any(line.startswith("table ") and "keys held" in line for line in lines)
+
+
+def test_the_demo_command_on_a_pseudo_terminal_shows_a_bar_and_the_summary(tmp_path):
+    """``make demo`` runs ``sparseflow train CONFIG`` on the user's terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    path = tiny_job(tmp_path, "dlrm", steps=6)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "sparseflow", "train", path], cwd=REPO,
+                            stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:   # EIO: every writer of the terminal has closed it
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0
+    text = b"".join(chunks).decode().replace("\r\n", "\n")   # the terminal's newlines
+    frames = [f for line in text.split("\n") for f in line.split("\r")]
+    assert any(f.startswith("step: 100%|") and "6/6 [" in f and "step/s" in f for f in frames)
+    assert max(len(f) for f in frames if "%|" in f) <= 100    # bars fit the terminal
+    lines = text.split("\n")
+    for expected in summary_lines("tiny_dlrm"):
+        assert any(line.startswith(expected) for line in lines), (expected, text[-2000:])
+
+
+def test_a_log_gets_periodic_lines_with_the_rate(tmp_path):
+    out = io.StringIO()
+    runner.train(load_config(tiny_job(tmp_path, "dlrm", steps=8)), stream=out)
+    steps = [line for line in out.getvalue().splitlines() if line.startswith("step ")]
+    assert [line.split(" [")[0] for line in steps[:2]] == ["step 4/8", "step 8/8"]
+    for line in steps[:2]:
+        assert re.fullmatch(r"step \d/8 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+(step/s|s/step)\]"
+                            r"  loss \d\.\d{4}", line), line
+    assert "\r" not in out.getvalue()
+
+
+def test_sharded_training_lines_name_their_worker(tmp_path):
+    from sparseflow.distributed.cluster import World
+    from sparseflow.distributed.trainer import train
+
+    out = io.StringIO()
+    train(load_config(tiny_job(tmp_path, "dlrm", steps=8)), World(0, 1), stream=out)
+    lines = out.getvalue().splitlines()
+    assert lines and all(line.startswith("[worker 0/1] ") for line in lines), lines
+    steps = [line for line in lines if line.startswith("[worker 0/1] step ") and "/8 [" in line]
+    assert [line.split(" [")[0] for line in steps] == ["[worker 0/1] step 4/8",
+                                                        "[worker 0/1] step 8/8"]
+    assert all("step/s" in line or "s/step" in line for line in steps)
 
 
 def test_format_table_aligns_columns():
@@ -330,7 +408,8 @@ def test_cli_stats_over_parquet_writes_json_and_markdown(tmp_path, capsys):
     assert sum(t["vocabulary_size"] * 8 * 2 * 4 for t in fragment["tables"].values()) <= 20480
     captured = capsys.readouterr()
     assert "wrote" in captured.out
-    assert "files 2/2, 3,000 rows" in captured.err    # progress, one line per file
+    # progress on stderr, one line per file (a log, not a terminal)
+    assert re.search(r"^files 2/2 \[.*file.*\]  3,000 rows$", captured.err, re.M), captured.err
 
 
 def test_cli_stats_takes_columns_from_a_job_config(tmp_path, capsys):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed.shard_files import open_shards, owned_state, read_world
+from sparseflow.jobs.graph import job_graph
 
 SINGLE_PROCESS_DIR = "single-process"
 
@@ -22,8 +23,6 @@ def to_single_process(cfg, path: str) -> str:
     Raises:
       CheckpointError: a missing, truncated or corrupt file; a table the checkpoint lacks.
     """
-    from sparseflow.jobs.runner import job_graph
-
     step = int(read_world(path)["step"])
     prefix = os.path.join(path, SINGLE_PROCESS_DIR, "model")
     if os.path.exists(f"{prefix}-{step}.index"):

@@ -32,6 +32,7 @@ from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints
 from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
+from sparseflow.jobs.progress import Progress
 from sparseflow.jobs.runner import (CHECKPOINT_SUBDIR, SUMMARY_FILE, EvictionTimer,
                                     eval_line, eval_metrics, has_eval_split, output_dir)
 from sparseflow.jobs.schema import JobConfig
@@ -418,10 +419,15 @@ class ShardedJob:
         return int(meta["step"])
 
 
-def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dict:
+def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None,
+          tty: bool | None = None) -> dict:
     """Trains ``cfg`` as worker ``world.index`` of ``world.size`` to ``schedule.max_steps``,
     resuming from the newest complete checkpoint in ``<output.dir>/checkpoints`` (saved by
     any number of workers).
+
+    Progress and log lines go to ``stream`` (default ``sys.stdout``), each marked
+    ``[worker r/N]``: a progress bar when ``tty`` (default: ``stream`` is a terminal), else
+    a line every ``schedule.log_every`` steps.
 
     Returns:
       The run's summary (worker 0 also writes it to ``<output.dir>/summary.json``): steps,
@@ -445,7 +451,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
     prefix = f"[worker {world.index}/{world.size}] "
 
     def log(text: str) -> None:
-        print(prefix + text, file=stream, flush=True)
+        progress.message(prefix + text)
 
     complete = complete_checkpoints(ckpt_dir)
     if not complete and latest_checkpoint(ckpt_dir):
@@ -461,6 +467,8 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             f"Workers resumed from different checkpoints (steps {least} to {most}; worker "
             f"{world.index} from step {start}): every worker must see the same output.dir "
             f"(a shared file system for workers on several machines).")
+    progress = Progress(sched.max_steps, desc=prefix + "step", unit="step", initial=start,
+                        every=sched.log_every, stream=stream, tty=tty)
     if start:
         log(f"resumed from {last_saved} (step {start})")
     if world.chief:
@@ -497,12 +505,13 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             step += 1
             if step == start + 1:
                 warm = time.perf_counter()   # after the first step's tracing
+            status = None
             if step % sched.log_every == 0 or step == sched.max_steps:
                 rate = (step - start) * sched.batch_size / (time.perf_counter() - began)
-                log(f"step {step}/{sched.max_steps}: loss {losses[-1]:.5f}  "
-                    f"{rate:,.0f} samples/s")
+                status = f"loss {losses[-1]:.5f}  {rate:,.0f} samples/s"
                 writer.scalars(step, {"train/loss": float(np.mean(losses[-sched.log_every:])),
                                       "train/samples_per_sec": rate})
+            progress.update(step, status)
             if evict_after:
                 removed = job.evict()
                 eviction.evicted()
@@ -516,6 +525,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
                 writer.scalars(step, {f"eval/{k}": v for k, v in evals[-1].items()
                                       if k != "step"})
         seconds = time.perf_counter() - began
+        progress.close()
         stage_seconds = dict(job.router.seconds)
         warm_seconds = time.perf_counter() - warm if step > start else 0.0
         if last_saved is None or os.path.basename(last_saved) != f"step-{step:09d}":
@@ -546,6 +556,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None) -> dic
             f"Training stopped; {where}. Restart all {world.size} workers (or any number) "
             f"with the same command to resume from it.") from None
     finally:
+        progress.close()
         ahead.shutdown(wait=False, cancel_futures=True)
     trained = step - start
     summary = {

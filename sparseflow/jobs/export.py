@@ -20,8 +20,8 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.jobs.graph import apply_model, call_on_zeros
-from sparseflow.jobs.runner import job_graph, resolve_checkpoint
+from sparseflow.jobs.graph import apply_model, call_on_zeros, job_graph
+from sparseflow.jobs.runner import resolve_checkpoint
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.models import build_model, pool
 from sparseflow.serving import _key_index, _snapshot

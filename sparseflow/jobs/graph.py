@@ -3,12 +3,16 @@
 ``JobGraph.build(cfg)`` does what a user's Rec SDK script does: ``init``, one ``FeatureSpec``
 per feature and channel, ``create_table``, the datasets mapped through
 ``get_asc_insert_func``, ``sparse_lookup`` + pooling, the built-in model, a sparse and a dense
-optimizer, ``start_asc_pipeline`` and a ``Saver``. The trainer (``runner.py``) drives it.
+optimizer, ``start_asc_pipeline`` and a ``Saver``. The trainer (``runner.py``) drives it;
+:func:`job_graph` builds one in a fresh graph for every command that needs one (train, eval,
+export, the sharded checkpoint's conversion).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import tensorflow as tf
 
@@ -127,6 +131,26 @@ class JobGraph:
             [(g, v) for g, v in zip(dense_grads, dense_vars) if g is not None],
             global_step=self.global_step)
         return tf.group(dense_op, sparse_op, name="train_op")
+
+
+@contextlib.contextmanager
+def job_graph(cfg: JobConfig, **build_args) -> Iterator[JobGraph]:
+    """A fresh graph with sparseflow initialized and the job built; torn down on exit.
+
+    Args:
+      cfg: the validated job config.
+      **build_args: :meth:`JobGraph.build`'s keyword arguments.
+
+    Yields:
+      The :class:`JobGraph`, its graph the default graph inside the ``with`` block.
+    """
+    sf.terminate_config_initializer()
+    with tf.Graph().as_default():
+        sf.init()
+        try:
+            yield JobGraph.build(cfg, **build_args)
+        finally:
+            sf.terminate_config_initializer()
 
 
 def call_on_zeros(model: tf.Module, cfg: JobConfig) -> tf.Tensor:

@@ -9,18 +9,17 @@ the output directory, and returns the summary.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 import tensorflow as tf
 
 import sparseflow as sf
-from sparseflow.jobs.graph import JobGraph
+from sparseflow.jobs.graph import JobGraph, job_graph
 from sparseflow.jobs.progress import Progress, format_table
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter, input_wait_seconds, traced_run_options
@@ -31,18 +30,6 @@ SUMMARY_FILE = "summary.json"
 # One traced step (per-op timing) in this many: enough samples for the input-wait share
 # without the tracing cost showing in the throughput (traced steps are not timed).
 _TRACE_EVERY = 25
-
-
-@contextlib.contextmanager
-def job_graph(cfg: JobConfig, **build_args) -> Iterator[JobGraph]:
-    """A fresh graph with sparseflow initialized and the job built; torn down on exit."""
-    sf.terminate_config_initializer()
-    with tf.Graph().as_default():
-        sf.init()
-        try:
-            yield JobGraph.build(cfg, **build_args)
-        finally:
-            sf.terminate_config_initializer()
 
 
 class EvictionTimer:
@@ -113,7 +100,8 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
             stream.write(f"resumed from {latest}\n")
         step = int(sess.run(job.global_step))
         start_step = step
-        progress = Progress(sched.max_steps, stream, tty)
+        progress = Progress(sched.max_steps, desc="step", unit="step", initial=start_step,
+                            every=sched.log_every, stream=stream, tty=tty)
         eviction = EvictionTimer(cfg)
         timed_seconds, timed_steps, losses = 0.0, 0, []
         waits, traced_seconds = [], []
@@ -138,12 +126,14 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
             if eviction.due(step):
                 sf.evict()
                 eviction.evicted()
+            status = None
             if step % sched.log_every == 0 or step == sched.max_steps:
                 rate = timed_steps / timed_seconds if timed_seconds else 0.0
                 window = float(np.mean(losses[-sched.log_every:]))
-                progress.update(step, rate, window)
+                status = f"loss {window:.4f}"
                 writer.scalars(step, {"train/loss": window, "train/steps_per_sec": rate,
                                       **_table_scalars(job)})
+            progress.update(step, status)
             if has_eval and sched.eval_every and step % sched.eval_every == 0 \
                     and step < sched.max_steps:
                 eval_metrics = _evaluate(sess, job)
@@ -181,12 +171,15 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
     return summary
 
 
-def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None) -> dict:
+def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None,
+             tty: bool | None = None) -> dict:
     """Evaluates a checkpoint on the job's eval split.
 
     Args:
       cfg: the validated job config (its ``data.eval`` split is read).
       checkpoint: a checkpoint prefix, or a directory holding checkpoints (the newest is used).
+      stream: progress and the result line; default ``sys.stdout``.
+      tty: force the progress bar on or off; default: whether ``stream`` is a terminal.
 
     Returns:
       dict: ``loss``, ``auc`` (first label), ``auc/<label>`` per label, ``batches``.
@@ -200,7 +193,10 @@ def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None) 
             tf.compat.v1.Session(graph=job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         job.saver.restore(sess, prefix)
-        metrics = _evaluate(sess, job)
+        # The batches in the split are known only with eval_steps: without it, no ETA.
+        with Progress(cfg.schedule.eval_steps or None, desc="eval batch", unit="batch",
+                      every=cfg.schedule.log_every, stream=stream, tty=tty) as progress:
+            metrics = _evaluate(sess, job, progress)
     stream.write(eval_line(None, metrics) + "\n")
     return metrics
 
@@ -267,8 +263,9 @@ def _json_scalar(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _evaluate(sess, job: JobGraph) -> dict:
-    """Loss and AUC over the eval split (or ``eval_steps`` batches of it)."""
+def _evaluate(sess, job: JobGraph, progress: Progress | None = None) -> dict:
+    """Loss and AUC over the eval split (or ``eval_steps`` batches of it); ``progress``, if
+    given, moves on after each batch."""
     sess.run(job.eval_iterator.initializer)
     limit = job.cfg.schedule.eval_steps or None
     losses, probs, labels = [], [], []
@@ -280,6 +277,8 @@ def _evaluate(sess, job: JobGraph) -> dict:
         losses.append(loss)
         probs.append(p)
         labels.append(y)
+        if progress is not None:
+            progress.update(len(losses))
     return eval_metrics(job.cfg, losses, probs, labels)
 
 
