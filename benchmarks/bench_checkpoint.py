@@ -54,8 +54,9 @@ def build(n_keys: int):
     keys = np.arange(n_keys, dtype=np.int64) * 7919 + 13
     for start in range(0, n_keys, CHUNK):  # admit every key (threshold off): rows + init
         part = keys[start:start + CHUNK]
-        table.processor.process(part, np.array([part.shape[0]]), np.array([1], np.int32),
-                                True, 100)
+        result = table.processor.process(part, np.array([part.shape[0]]),
+                                         np.array([1], np.int32), True, 100)
+        table.release_batch(result.seq, drain=True)  # read: a save leaves out batches in flight
     storage = table.rows.storage
     storage[:n_keys, DIM:] = np.random.default_rng(0).random((n_keys, 2 * DIM),
                                                              dtype=np.float32)
@@ -86,8 +87,9 @@ def main() -> None:
                 restore_s = timed(lambda: saver.restore(sess, f"{prefix}-1"))
                 # 1 % of the rows change (a training batch touches them), then save a delta.
                 touched = np.random.default_rng(1).choice(keys, args.keys // 100, replace=False)
-                table.processor.process(touched, np.array([touched.shape[0]]),
-                                        np.array([1], np.int32), True, 200)
+                result = table.processor.process(touched, np.array([touched.shape[0]]),
+                                                 np.array([1], np.int32), True, 200)
+                table.release_batch(result.seq, drain=True)
                 incr_s = timed(lambda: saver.save(sess, prefix, global_step=2, incremental=True))
                 incr_bytes = dir_bytes(sparse_path(f"{prefix}-2"))
                 full2_s = timed(lambda: saver.save(sess, prefix, global_step=3))

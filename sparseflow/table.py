@@ -252,9 +252,9 @@ class SparseTable:
             self._thresholds = spec.thresholds
             self.access_threshold, self.eviction_threshold = spec.thresholds
             self.processor.threshold = self.access_threshold
-            # Tiered tables always track batches: their slots stay pinned while in flight.
-            self.processor.track_in_flight = (self.eviction_threshold >= 0
-                                              or self.tiers is not None)
+            # A training table tracks its batches in flight: evicted rows wait for them, a
+            # tiered table's slots stay pinned, and checkpoints leave out what they counted.
+            self.processor.track_in_flight = True
         elif self._thresholds != spec.thresholds:
             raise ValueError(
                 f"Table `{self.table_name}`: {source} sets access_threshold="
@@ -376,9 +376,9 @@ def host_table(name: str, dim: int, initializer, vocabulary_size: int, *,
     table = SparseTable(config, _default_seed(name), rows_on="host")
     table.processor.size_hint = size_hint
     table.access_threshold = table.processor.threshold = access_threshold
+    table.processor.track_in_flight = True   # see SparseTable.set_admission
     if eviction_threshold is not None and eviction_threshold >= 0:
         table.eviction_threshold = eviction_threshold
-        table.processor.track_in_flight = True
     if optimizer is not None:
         table.rows.bind_optimizer(optimizer)
     return table

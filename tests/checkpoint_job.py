@@ -97,8 +97,10 @@ def main(mode, directory, out):
             np.savez(out, losses=np.zeros(0), **at_save)
             keys = np.arange(10, 2_500_010, dtype=np.int64)
             for _ in range(2):  # count twice: threshold 2
-                table.processor.process(keys, np.array([keys.shape[0]]),
-                                        np.array([1], np.int32), True, 5)
+                result = table.processor.process(keys, np.array([keys.shape[0]]),
+                                                 np.array([1], np.int32), True, 5)
+                # Read, as a lookup would: a save leaves out batches still in flight.
+                table.release_batch(result.seq, drain=True)
             print("saving-big", flush=True)
             saver.save(sess, prefix, global_step=2)
         return

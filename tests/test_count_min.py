@@ -428,3 +428,60 @@ def test_key_and_weight_errors_name_the_argument():
                                         r"Received: 1\.5$"):
         sketch.error_bound(1.5)
     assert sketch.total == 0 and not sketch.counters.any()   # failed calls changed nothing
+
+
+# --- undo, copy, merge, save and load (checkpoints) --------------------------------------------
+
+def test_undo_takes_adds_back_last_in_first_out_against_the_reference():
+    stream = zipf_stream(20_000, seed=5)
+    sketch = CountMinSketch(256, 3, seed=1)
+    sketch.add(stream[:5000], ones(5000))
+    before, total = sketch.counters.copy(), sketch.total
+    reference = before.copy()
+    changes = []
+    for start in range(5000, 20_000, 3000):   # repeats within and across calls collide
+        keys = stream[start:start + 3000]
+        weights = (keys % 3 + 1).astype(np.int64)
+        out, change = sketch.add_undoable(keys, weights)
+        np.testing.assert_array_equal(out, conservative_ref(reference, sketch.seeds, keys,
+                                                            weights))   # same as add()
+        changes.append(change)
+    np.testing.assert_array_equal(sketch.counters, reference)
+    for change in reversed(changes):
+        sketch.undo(change)
+    np.testing.assert_array_equal(sketch.counters, before)
+    assert sketch.total == total
+
+
+def test_copy_load_and_from_counters_keep_every_counter():
+    sketch = CountMinSketch(128, 2, seed=7)
+    sketch.add(np.arange(500, dtype=np.int64), ones(500))
+    copy = sketch.copy()
+    sketch.add(arr([1]), arr([5]))
+    assert copy.total == 500 and copy.counters is not sketch.counters
+    restored = CountMinSketch.from_counters(copy.counters.copy(), 7, copy.total)
+    assert restored.geometry == (128, 2, 7)
+    np.testing.assert_array_equal(restored.counters, copy.counters)
+    sketch.load(restored)
+    np.testing.assert_array_equal(sketch.counters, copy.counters)
+    assert sketch.total == 500
+    with pytest.raises(ValueError, match=r"^Argument `other` must be a sketch of the same "
+                                         r"\(width, depth, seed\) \(128, 2, 7\)\. Received: "
+                                         r"\(128, 2, 8\)$"):
+        sketch.load(CountMinSketch(128, 2, seed=8))
+    with pytest.raises(TypeError, match=r"^Argument `counters` must be a uint32 numpy array"):
+        CountMinSketch.from_counters(np.zeros((2, 128), np.int64), 7, 0)
+    with pytest.raises(ValueError, match=r"^Argument `total` must be an int >= 0"):
+        CountMinSketch.from_counters(np.zeros((2, 128), np.uint32), 7, -1)
+
+
+def test_merge_keeps_the_larger_counter_so_estimates_cover_both():
+    a, b = CountMinSketch(64, 3, seed=2), CountMinSketch(64, 3, seed=2)
+    ka, kb = np.arange(0, 300, 2, dtype=np.int64), np.arange(1, 300, 2, dtype=np.int64)
+    a.add(ka, ones(ka.shape[0]))
+    b.add(kb, 2 * ones(kb.shape[0]))
+    expected = np.maximum(a.counters, b.counters)
+    a.merge(b)
+    np.testing.assert_array_equal(a.counters, expected)
+    assert (a.estimate(ka) >= 1).all() and (a.estimate(kb) >= 2).all()
+    assert a.total == 150 + 300

@@ -106,18 +106,16 @@ def test_slots_bound_after_an_initialize_are_reset_by_it(graph):
     rows = tf.compat.v1.placeholder(tf.int32, [None])
     init = dev.initialize(rows, tf.fill([tf.shape(rows)[0], DIM], 2.0))
     dev.bind_slots(("momentum", "velocity"), (0.0, 0.5))
-    assert dev.width == 3 * DIM and dev.step is not None
+    assert dev.width == 3 * DIM
     with pytest.raises(ValueError, match=r"already has optimizer slots \['momentum', "
                                          r"'velocity'\]; received \['accumulator'\]"):
         dev.bind_slots(("accumulator",), (0.1,))
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         dev.write(sess, np.array([4, 9]), np.full((2, 3 * DIM), 7.0, np.float32))
-        dev.write_step(sess, 12)
         sess.run(init, {rows: [4]})
         stored = dev.read(sess, np.array([4, 9]))
-        assert dev.read_step(sess) == 12
         dev.reset(sess)
-        assert dev.read_step(sess) == 0 and not dev.read(sess, np.array([9])).any()
+        assert not dev.read(sess, np.array([9])).any()
     np.testing.assert_array_equal(stored[0], [2.0] * DIM + [0.0] * DIM + [0.5] * DIM)
     np.testing.assert_array_equal(stored[1], 7.0)   # another row: untouched

@@ -72,6 +72,36 @@ def test_rebucketing_a_checkpoint_moves_every_key_to_its_new_owner_once(old, new
         s.counted_keys.shape[0] for s in states)
 
 
+@pytest.mark.parametrize("old, new", [(2, 1), (2, 3)])
+def test_rebucketing_joins_the_admission_sketches_for_every_new_worker(old, new):
+    """A sketch cannot be split by key: every new worker gets the old ones joined, which
+    counts each key at least as often as its old owner counted it (numpy reference: the
+    true counts), and joining them again adds nothing up twice."""
+    from sparseflow.ops.count_min import CountMinSketch
+
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 5000, 3000).astype(np.int64)
+    states, true = [], {}
+    for r in range(old):
+        mine = keys[np.mod(keys, old) == r]
+        sketch = CountMinSketch(width=256, depth=3, seed=9)
+        sketch.add(mine, np.ones_like(mine))
+        uniq, counts = np.unique(mine, return_counts=True)
+        true.update(zip(uniq.tolist(), counts.tolist()))
+        state = _state(np.arange(r, 40, old))
+        state.sketch = sketch
+        states.append(state)
+    out = rebucket(states, new)
+    query = np.array(sorted(true), np.int64)
+    expected = np.array([true[k] for k in query.tolist()])
+    for s in out:
+        assert (s.sketch.estimate(query) >= expected).all()
+        np.testing.assert_array_equal(   # the larger of the old counters, cell by cell
+            s.sketch.counters, np.maximum.reduce([t.sketch.counters for t in states]))
+    again = rebucket(out, 1)[0].sketch   # e.g. 2 -> 3 -> 1: nothing counted twice
+    np.testing.assert_array_equal(again.counters, out[0].sketch.counters)
+
+
 def test_rebucketing_refuses_inconsistent_shards():
     with pytest.raises(ValueError, match=r"mixes optimizer slot layouts"):
         rebucket([_state([0, 2]), _state([1, 3], slots=())], 2)

@@ -10,6 +10,10 @@ One directory per checkpoint::
                                row's [weights | slot 1 | slot 2], as the table stores it
     <table>/counted.arrow      key int64, count int32 (counted, not admitted)
     <table>/tombstones.arrow   key int64 (incremental: evicted since the base)
+    <table>/sketch.arrow       counters uint32 [depth * width] (a table counting admissions in
+                               a count-min sketch; the manifest entry's "sketch" holds its
+                               version, width, depth, seed and total). Checkpoints without it
+                               load: the table's sketch starts empty (with a warning).
 
 Arrow's IPC file format (uncompressed) writes the arrays as they are and reads them back
 memory-mapped: within a small factor of ``np.save`` (BENCHMARKS.md). Parquet, tried first,
@@ -34,8 +38,10 @@ import numpy as np
 import pyarrow as pa
 
 from sparseflow.checkpoint.table_state import TableState
+from sparseflow.ops.count_min import CountMinSketch
 
 FORMAT_VERSION = 1
+SKETCH_VERSION = 1   # the layout of sketch.arrow and of the manifest's "sketch" entry
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 24
 
@@ -85,13 +91,21 @@ def write_table_state(directory: str, name: str, state: TableState, dim: int,
     counted = pa.table({"key": pa.array(state.counted_keys, pa.int64()),
                         "count": pa.array(state.counted_counts, pa.int32())})
     tombstones = pa.table({"key": pa.array(state.tombstones, pa.int64())})
-    files = {filename: _write(t, os.path.join(table_dir, filename))
-             for filename, t in (("admitted.arrow", admitted), ("counted.arrow", counted),
-                                 ("tombstones.arrow", tombstones))}
-    return {"config": config, "dim": dim, "admitted_rows": int(state.keys.shape[0]),
-            "counted_rows": int(state.counted_keys.shape[0]), "clock": int(state.clock),
-            "optimizer_steps": int(state.optimizer_steps), "slots": list(state.slot_names),
-            "files": files}
+    parts = [("admitted.arrow", admitted), ("counted.arrow", counted),
+             ("tombstones.arrow", tombstones)]
+    if state.sketch is not None:
+        parts.append(("sketch.arrow", pa.table(
+            {"counters": pa.array(state.sketch.counters.reshape(-1), pa.uint32())})))
+    files = {filename: _write(t, os.path.join(table_dir, filename)) for filename, t in parts}
+    entry = {"config": config, "dim": dim, "admitted_rows": int(state.keys.shape[0]),
+             "counted_rows": int(state.counted_keys.shape[0]), "clock": int(state.clock),
+             "optimizer_steps": int(state.optimizer_steps), "slots": list(state.slot_names),
+             "files": files}
+    if state.sketch is not None:
+        sketch = state.sketch
+        entry["sketch"] = {"version": SKETCH_VERSION, "width": sketch.width,
+                           "depth": sketch.depth, "seed": sketch.seed, "total": sketch.total}
+    return entry
 
 
 def write_manifest(directory: str, tables: dict, base: str | None = None) -> None:
@@ -173,7 +187,32 @@ def read_table_state(directory: str, name: str, entry: dict) -> TableState:
         counted_keys=ints(counted, "key", np.int64),
         counted_counts=ints(counted, "count", np.int32),
         clock=entry["clock"], optimizer_steps=entry["optimizer_steps"],
-        tombstones=ints(tombstones, "key", np.int64))
+        tombstones=ints(tombstones, "key", np.int64),
+        sketch=_read_sketch(directory, name, entry))
+
+
+def _read_sketch(directory: str, name: str, entry: dict) -> CountMinSketch | None:
+    """Table ``name``'s admission sketch, or None when the checkpoint has none (written by a
+    table counting exactly, or before sketches were saved).
+
+    Raises:
+      CheckpointError: an unknown sketch version, or counters that do not match it.
+    """
+    meta = entry.get("sketch")
+    if meta is None:
+        return None
+    path = os.path.join(directory, name, "sketch.arrow")
+    if meta.get("version") != SKETCH_VERSION:
+        raise CheckpointError(f"Checkpoint {path!r} has sketch version "
+                              f"{meta.get('version')!r}; this sparseflow reads "
+                              f"{SKETCH_VERSION}.")
+    try:
+        counters = _read(path).column("counters").to_numpy().astype(np.uint32, copy=False)
+        return CountMinSketch.from_counters(
+            counters.reshape(meta["depth"], meta["width"]), meta["seed"], meta["total"])
+    except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"Checkpoint file {path!r} does not hold the sketch its "
+                              f"manifest describes: {err}") from err
 
 
 def chain(directory: str) -> list[tuple[str, dict]]:

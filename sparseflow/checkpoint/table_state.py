@@ -6,16 +6,25 @@ sharding). This is the one module that sees both halves of a table — the key p
 (key -> row, counts, last-seen, clock) and the rows (weights and optimizer slots): host rows
 directly, device rows (``rows_on="device"``) through a session, in the same host layout, so a
 checkpoint moves between host and device tables.
+
+A state is that of the batches the model has consumed: what batches read ahead (prefetch,
+parallel map) counted, admitted, stamped or added to the sketch is left out
+(``KeyProcessor.consumed_state``), so a run restored from it and reading on from the next
+batch counts each batch once, as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sparseflow.ops import key_kernels as kk
+from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.ops.hash_index import HashIndex
+
+logger = logging.getLogger("sparseflow")
 
 NO_CLOCK = -(2**63)
 
@@ -34,6 +43,8 @@ class TableState:
       clock: the table clock (``NO_CLOCK`` before any timestamp).
       optimizer_steps: updates its sparse optimizer has applied (Adam's bias correction).
       tombstones: int64 keys evicted since the base checkpoint (incremental states only).
+      sketch: the admission sketch counting not-yet-admitted keys (a table created with
+        ``admission_counter="sketch"``; a copy), or None.
     """
 
     keys: np.ndarray
@@ -46,6 +57,7 @@ class TableState:
     clock: int = NO_CLOCK
     optimizer_steps: int = 0
     tombstones: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sketch: CountMinSketch | None = None
 
     @property
     def dim(self) -> int:
@@ -73,6 +85,9 @@ def take_window(table):
     with processor.lock:
         window = (processor.dirty, processor.tombstones)
         processor.dirty = np.zeros_like(processor.dirty)
+        # Rows of batches in flight are left out of this state (read_ahead.py): the next
+        # one must save what those batches change.
+        processor.dirty[processor.in_flight_rows()] = True
         processor.tombstones = []
     return window
 
@@ -96,7 +111,8 @@ def capture(table, window=None, sess=None) -> TableState:
         session = host.session(sess)
         host.last_session = session
     with processor.lock:
-        keys, rows, counts = processor.index.entries()
+        consumed = processor.consumed_state()   # without the batches read ahead
+        keys, rows, counts = consumed.keys, consumed.rows, consumed.counts
         admitted = rows >= 0
         if window is not None:
             # Under dynamic expansion rows may have been added since the window was taken:
@@ -119,17 +135,15 @@ def capture(table, window=None, sess=None) -> TableState:
                 values = storage[:n].copy()  # rows 0..n-1 all held: one sequential copy
             else:
                 values = storage[rows_a]
-        if session is not None:
-            steps = host.read_step(session)
-        else:
-            steps = host.optimizer.steps(table.table_name) if host.optimizer is not None else 0
+        steps = host.optimizer.steps(table.table_name) if host.optimizer is not None else 0
         tombstones = (np.concatenate(window[1]) if window is not None and window[1]
                       else np.zeros(0, np.int64))
         return TableState(keys=keys_a, counts=counts_a,
-                          last_seen=processor.last_seen[rows_a], values=values,
+                          last_seen=consumed.last_seen[rows_a], values=values,
                           slot_names=tuple(host.slot_names), counted_keys=keys[counted],
-                          counted_counts=counts[counted], clock=int(processor.clock),
-                          optimizer_steps=int(steps), tombstones=tombstones)
+                          counted_counts=counts[counted], clock=int(consumed.clock),
+                          optimizer_steps=int(steps), tombstones=tombstones,
+                          sketch=consumed.sketch)
 
 
 def restore_window(table, window) -> None:
@@ -153,13 +167,29 @@ def merge(base: TableState, delta: TableState) -> TableState:
                       last_seen=cat(base.last_seen, delta.last_seen),
                       values=cat(base.values, delta.values), slot_names=base.slot_names,
                       counted_keys=delta.counted_keys, counted_counts=delta.counted_counts,
-                      clock=delta.clock, optimizer_steps=delta.optimizer_steps)
+                      clock=delta.clock, optimizer_steps=delta.optimizer_steps,
+                      sketch=delta.sketch)
 
 
 def check_fits(table, state: TableState, source: str) -> None:
-    """Raises ValueError, naming the numbers, if ``state`` cannot be applied to ``table``:
-    more keys than rows, another dim, or other optimizer slots than the table's. A table
-    without a sparse optimizer (evaluation, export) takes any checkpoint's weights."""
+    """Raises ValueError, naming the numbers, if ``state`` cannot be applied to ``table``.
+
+    Refused: more keys than rows, another dim, or another optimizer slot layout than the
+    table's (SGD's none included: an optimizer without slots still trains the rows, and
+    restoring Adam's or Adagrad's rows into it would drop their slots), or, for a table that
+    trains, an admission sketch of another width, depth or seed (its counts would land in
+    other counters). Only a table with no sparse optimizer at all (evaluation, export,
+    serving) takes any checkpoint's weights.
+
+    Args:
+      table: the live table.
+      state: what would be applied.
+      source: where the state came from, for messages.
+
+    Raises:
+      ValueError: the state does not fit; the message names the table, the checkpoint's
+        dim and slots (or sketch) and the table's.
+    """
     processor, host = table.processor, table.rows
     n = state.keys.shape[0]
     if n > processor.row_limit:
@@ -167,14 +197,28 @@ def check_fits(table, state: TableState, source: str) -> None:
             f"Cannot restore table `{table.table_name}` from {source}: it holds {n} keys but "
             f"the table has {processor.row_limit} rows. Create it with a capacity "
             f"(device_vocabulary_size + host_vocabulary_size) of at least {n}.")
-    if not host.slot_names and state.dim == host.dim:
-        return  # an inference graph (no sparse optimizer): the weights alone are restored
-    if tuple(state.slot_names) != tuple(host.slot_names) or state.dim != host.dim:
+    optimizer = host.optimizer
+    if optimizer is None and state.dim == host.dim:
+        return  # a serving table (no sparse optimizer): the weights alone are restored
+    if (optimizer is None or tuple(state.slot_names) != tuple(host.slot_names)
+            or state.dim != host.dim):
+        has = ("no sparse optimizer (a serving table: weights only)" if optimizer is None
+               else f"its sparse optimizer {type(optimizer).__name__} slots "
+                    f"{list(host.slot_names)}")
         raise ValueError(
             f"Cannot restore table `{table.table_name}` from {source}: it holds dim {state.dim} "
             f"with optimizer slots {list(state.slot_names)} but the table has dim {host.dim} "
-            f"and its sparse optimizer slots {list(host.slot_names)}. "
-            f"Build the same sparse optimizer before restoring.")
+            f"and {has}. Build the sparse optimizer the checkpoint was trained with before "
+            f"restoring, or none (a serving table takes the weights only).")
+    sketch = processor.sketch   # (a serving table, which counts nothing, returned above)
+    if sketch is not None and state.sketch is not None and \
+            sketch.geometry != state.sketch.geometry:
+        raise ValueError(
+            f"Cannot restore table `{table.table_name}` from {source}: its admission sketch "
+            f"has (width, depth, seed) {state.sketch.geometry} but the table's has "
+            f"{sketch.geometry}. Create the table with sketch_width="
+            f"{state.sketch.width}, sketch_depth={state.sketch.depth} (and the same table "
+            f"name and graph seed, which fix the hashes).")
 
 
 def apply(table, state: TableState, source: str, sess=None) -> None:
@@ -206,16 +250,14 @@ def apply(table, state: TableState, source: str, sess=None) -> None:
             index.insert(state.counted_keys, np.full(m, -1, np.int32), state.counted_counts)
         if table.tiers is not None:
             # Every row home, the fast tier emptied; a device table's variables initialised
-            # (a MonitoredSession restoring runs no initializer) and its step counter set.
+            # (a MonitoredSession restoring runs no initializer).
             table.tiers.load(state.values)
             if session is not None:
                 host.prepared().reset(session)
-                if host.optimizer is not None:
-                    host.prepared().write_step(session, state.optimizer_steps)
         elif session is not None:
             # Every variable reset (rows beyond n included), then rows 0..n-1 written; a table
             # without optimizer slots (an inference graph) takes the weights only.
-            host.load(session, state.values, state.optimizer_steps)
+            host.load(session, state.values)
         else:
             host.ensure_rows(n)  # dynamic expansion: grow to the checkpoint's keys
             processor.cover_rows(n)
@@ -231,7 +273,38 @@ def apply(table, state: TableState, source: str, sess=None) -> None:
         processor.clock = np.int64(state.clock)
         processor.reset_in_flight()
         processor.mark_saved()  # the table now equals the checkpoint
-        if processor.sketch is not None:  # its counts came from batches before the restore
-            processor.sketch.clear()
-        if host.optimizer is not None and session is None:  # device: its step variable
+        _load_sketch(table, state, source)
+        if host.optimizer is not None:  # host and device tables: the optimizer's counter
             host.optimizer.set_steps(table.table_name, state.optimizer_steps)
+
+
+def _load_sketch(table, state: TableState, source: str) -> None:
+    """The admission sketch from ``state``. A state without one (a checkpoint written before
+    sketches were saved, or by a table that counts exactly) leaves the sketch empty but for
+    the state's counted keys, with a warning for a training table: keys not yet admitted
+    count anew. A serving table (no optimizer) never counts: its sketch is only cleared when
+    the state's does not fit it."""
+    sketch = table.processor.sketch
+    trains = table.rows.optimizer is not None
+    if sketch is None:
+        if state.sketch is not None and trains:
+            logger.warning(
+                "Table `%s`: %s counted not-yet-admitted keys in an admission sketch, which "
+                "a table that counts exactly cannot read; those keys are counted again from "
+                "zero.", table.table_name, source)
+        return
+    if state.sketch is not None and state.sketch.geometry == sketch.geometry:
+        sketch.load(state.sketch)
+        return
+    sketch.clear()
+    if state.sketch is not None:   # another geometry: refused for a training table
+        return
+    m = state.counted_keys.shape[0]
+    if m:
+        sketch.add(state.counted_keys, state.counted_counts.astype(np.int64))
+    if trains:
+        logger.warning(
+            "Table `%s`: %s holds no admission sketch (it was written before sketches were "
+            "saved, or by a table that counts exactly); the sketch starts %s, so keys not "
+            "yet admitted are counted again from there.", table.table_name, source,
+            f"from its {m} counted keys" if m else "empty")

@@ -109,7 +109,8 @@ def bucket_keys(unique_keys: np.ndarray, world_size: int, send_count: int | None
 def rebucket(states: list[TableState], world_size: int, hash: str = "mod") -> list[TableState]:
     """A table's per-worker states (a checkpoint saved by ``len(states)`` workers) split
     for ``world_size`` workers: every key goes to its new owner with its row, counts and
-    last-seen time; keys counted but not admitted likewise; the clock is the latest of all.
+    last-seen time; keys counted but not admitted likewise; the clock is the latest of all;
+    admission sketches are joined and copied to every new worker.
 
     Args:
       states: one :class:`TableState` per old worker (the same slot layout).
@@ -143,6 +144,7 @@ def rebucket(states: list[TableState], world_size: int, hash: str = "mod") -> li
     clocks = [s.clock for s in states if s.clock != NO_CLOCK]
     clock = max(clocks) if clocks else NO_CLOCK
     steps = max(s.optimizer_steps for s in states)
+    sketch = _joined_sketch(states)
     out = []
     for r in range(world_size):
         mine, theirs = owners == r, counted_owners == r
@@ -150,5 +152,19 @@ def rebucket(states: list[TableState], world_size: int, hash: str = "mod") -> li
                               last_seen=last_seen[mine], values=values[mine],
                               slot_names=states[0].slot_names, counted_keys=counted[theirs],
                               counted_counts=counted_counts[theirs], clock=clock,
-                              optimizer_steps=steps))
+                              optimizer_steps=steps,
+                              sketch=sketch.copy() if sketch is not None else None))
     return out
+
+
+def _joined_sketch(states: list[TableState]):
+    """The old workers' admission sketches joined (``CountMinSketch.merge``), for every new
+    worker: a sketch cannot be split by key, so each gets one that counts every key at
+    least as often as its old owner did. None when no state has a sketch."""
+    sketches = [s.sketch for s in states if s.sketch is not None]
+    if not sketches:
+        return None
+    joined = sketches[0].copy()
+    for other in sketches[1:]:
+        joined.merge(other)
+    return joined

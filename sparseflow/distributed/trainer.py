@@ -404,11 +404,14 @@ class ShardedJob:
         same = old_n == self.world.size and meta["hash"] == self.cfg.distributed.hash
         # Same owners: this worker's own shard is all it needs (each worker reads 1/N).
         shards = open_shards(path, self.world.index if same else None)
-        for t in self.tables:
-            mine = (table_shards(path, shards, t.table_name)[0] if same else owned_state(
-                path, shards, t.table_name, self.world.size, self.world.index,
-                self.cfg.distributed.hash))
-            table_state.apply(t, mine, f"{path} ({old_n} workers)")
+        source = f"{path} ({old_n} workers)"
+        states = [table_shards(path, shards, t.table_name)[0] if same else owned_state(
+            path, shards, t.table_name, self.world.size, self.world.index,
+            self.cfg.distributed.hash) for t in self.tables]
+        for t, mine in zip(self.tables, states):   # all checked before any table changes
+            table_state.check_fits(t, mine, source)
+        for t, mine in zip(self.tables, states):
+            table_state.apply(t, mine, source)
         try:
             self._dense_checkpoint().read(os.path.join(
                 path, "dense", "ckpt")).assert_existing_objects_matched()

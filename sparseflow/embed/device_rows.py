@@ -12,7 +12,7 @@ until the next training step writes them.
 Two classes:
 
 - :class:`DeviceRows`: the variables of one table in one graph and the TF ops over them.
-  The weights exist from the start; the optimizer's slots (and its step counter) are added
+  The weights exist from the start; the optimizer's slots are added
   when the sparse optimizer binds (:meth:`DeviceRows.bind_slots`), which happens after the
   lookups that gather the weights were built. The host-side read / write / reset ops are built
   once (:meth:`DeviceRows.build_io`, from ``start_asc_pipeline``) so that a finalized graph
@@ -80,7 +80,6 @@ class DeviceRows:
         self.slot_names: tuple[str, ...] = ()
         self.slot_values: tuple[float, ...] = ()
         self.slots: list = []
-        self.step = None          # int64 update count (Adam's bias correction), with the slots
         self.bound = False
         # (rows, done) of every initialize() op: slots bound later join them (see bind_slots).
         self._inits: list[tuple[tf.Tensor, tf.Operation]] = []
@@ -101,15 +100,14 @@ class DeviceRows:
                 tf.control_dependencies(None):
             yield
 
-    def _variable(self, name: str, scalar: bool = False) -> tf.Variable:
-        """A ``[capacity, dim]`` float32 variable of zeros, or (``scalar``) an int64 0 on the
-        CPU; in the global-variables collection (so ``global_variables_initializer``
-        initialises it) and in :data:`DEVICE_ROWS_COLLECTION`."""
+    def _variable(self, name: str) -> tf.Variable:
+        """A ``[capacity, dim]`` float32 variable of zeros, in the global-variables collection
+        (so ``global_variables_initializer`` initialises it) and in
+        :data:`DEVICE_ROWS_COLLECTION`."""
         with self._clean_context(), self.graph.name_scope(self._scope), \
-                tf.device("/CPU:0" if scalar else self.device):
-            initial = (tf.constant(0, tf.int64) if scalar
-                       else tf.zeros([self.capacity, self.dim]))
-            variable = tf.Variable(initial, trainable=False, name=name)
+                tf.device(self.device):
+            variable = tf.Variable(tf.zeros([self.capacity, self.dim]), trainable=False,
+                                   name=name)
         tf.compat.v1.add_to_collection(DEVICE_ROWS_COLLECTION, variable)
         return variable
 
@@ -129,7 +127,8 @@ class DeviceRows:
         return self._io_layout is not None
 
     def bind_slots(self, slot_names, slot_values) -> None:
-        """Adds the optimizer's slot variables (zeros) and the step counter.
+        """Adds the optimizer's slot variables (zeros). (The step counter is the
+        optimizer's, as for host rows: ``SparseOptimizer.steps``.)
 
         Every :meth:`initialize` op built before now also resets the new slots from here on,
         so rows initialised by lookups built before the optimizer get fresh slots too.
@@ -149,7 +148,6 @@ class DeviceRows:
             return
         self.slot_names, self.slot_values = names, values
         self.slots = [self._variable(n) for n in names]
-        self.step = self._variable("step", scalar=True)
         self.bound = True
         for rows, done in self._inits:
             with self._clean_context(), self.graph.name_scope(self._scope):
@@ -337,11 +335,7 @@ class DeviceRows:
                                   for _ in self.variables]
             self._write = tf.group(*[tf.compat.v1.scatter_update(v, self._write_rows, x)
                                      for v, x in zip(self.variables, self._write_values)])
-            extra = [self.step] if self.step is not None else []
-            self._reset = tf.group(*[v.initializer for v in self.variables + extra])
-            if self.step is not None:
-                self._step_value = tf.compat.v1.placeholder(tf.int64, [], "step_value")
-                self._write_step = self.step.assign(self._step_value, read_value=False)
+            self._reset = tf.group(*[v.initializer for v in self.variables])
         self._io_layout = self.slot_names
         for build, gate in self._deferred:
             with self._clean_context(), self.graph.name_scope(self._scope):
@@ -376,19 +370,9 @@ class DeviceRows:
         sess.run(self._write, feed)
 
     def reset(self, sess) -> None:
-        """Sets every row, slot and the step counter back to their initial values (zeros)."""
+        """Sets every row and slot back to zeros."""
         self.build_io()
         sess.run(self._reset)
-
-    def read_step(self, sess) -> int:
-        """The step counter (0 without an optimizer)."""
-        return 0 if self.step is None else int(sess.run(self.step))
-
-    def write_step(self, sess, value: int) -> None:
-        """Sets the step counter (a checkpoint restore)."""
-        if self.step is not None:
-            self.build_io()
-            sess.run(self._write_step, {self._step_value: int(value)})
 
 
 class DeviceTableRows:
@@ -564,20 +548,14 @@ class DeviceTableRows:
         return {name: values[:, self.dim * (i + 1):self.dim * (i + 2)]
                 for i, name in enumerate(self.slot_names)}
 
-    def load(self, sess, values: np.ndarray, optimizer_steps: int) -> None:
-        """Replaces every row by ``values`` (rows 0..n-1, host layout; the rest reset) and
-        sets the step counter: a checkpoint restore. Pending rows are dropped (they were
-        assigned before the restore). The caller holds the key processor's lock."""
+    def load(self, sess, values: np.ndarray) -> None:
+        """Replaces every row by ``values`` (rows 0..n-1, host layout; the rest reset): a
+        checkpoint restore. Pending rows are dropped (they were assigned before the
+        restore). The caller holds the key processor's lock."""
         self.pending.pop()
         rows = self.prepared()
         rows.reset(sess)
         rows.write(sess, np.arange(values.shape[0], dtype=np.int32), values[:, :rows.width])
-        if self.optimizer is not None:
-            rows.write_step(sess, optimizer_steps)
-
-    def read_step(self, sess) -> int:
-        """The step counter of the bound optimizer (0 without one)."""
-        return self.prepared().read_step(sess) if self.optimizer is not None else 0
 
     def close(self) -> None:
         """Drops the pending rows and the variables' handle; any later use raises."""

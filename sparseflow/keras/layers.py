@@ -180,4 +180,8 @@ class SparseEmbedding(keras.layers.Layer):
             counted_keys=get["counted_keys"].astype(np.int64),
             counted_counts=get["counted_counts"].astype(np.int32),
             clock=int(get["clock"]), optimizer_steps=int(get["optimizer_steps"]))
-        table_state.apply(table, state, source=f"the saved layer `{self.name}`")
+        source = f"the saved layer `{self.name}`"
+        table_state.check_fits(table, state, source)   # refused: nothing of the layer changes
+        # Not super(): it expects the store to hold the Keras variables only.
+        self.anchor.assign(np.asarray(store["0"]))
+        table_state.apply(table, state, source=source)

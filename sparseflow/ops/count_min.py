@@ -44,6 +44,7 @@ early with probability <= 3^-depth (1.2 % at depth 4), and one two short with <=
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -114,6 +115,28 @@ def cms_add(counters, seeds, keys, weights, out):
       The sum of ``weights`` (int64), or -1 if that sum overflows int64.
     """
     depth = counters.shape[0]
+    return _add(counters, seeds, keys, weights, out, np.empty((0, depth), np.int64),
+                np.empty((0, depth), np.uint32), False)
+
+
+@numba.njit(**_JIT)
+def cms_add_logged(counters, seeds, keys, weights, out, cols, old):
+    """:func:`cms_add` that also writes what :func:`cms_undo` needs to take it back.
+
+    Args:
+      counters, seeds, keys, weights, out: as for :func:`cms_add`.
+      cols: int64[N, depth] out: the column of ``keys[i]`` in each row.
+      old: uint32[N, depth] out: those counters just before ``keys[i]`` was added.
+
+    Returns:
+      As :func:`cms_add`.
+    """
+    return _add(counters, seeds, keys, weights, out, cols, old, True)
+
+
+@numba.njit(**_JIT)
+def _add(counters, seeds, keys, weights, out, cols, old, log):
+    depth = counters.shape[0]
     n = keys.shape[0]
     # Columns of the next PREFETCH_AHEAD keys, hashed once and prefetched PREFETCH_AHEAD keys
     # early so that their misses overlap (a fixed 8 * depth * PREFETCH_AHEAD bytes per call).
@@ -130,6 +153,10 @@ def cms_add(counters, seeds, keys, weights, out):
             c = np.int64(counters[r, ring[slot, r]])
             if c < low:
                 low = c
+        if log:
+            for r in range(depth):
+                cols[i, r] = ring[slot, r]
+                old[i, r] = counters[r, ring[slot, r]]
         # Saturate without overflowing int64 for weights near 2^63.
         new = _COUNTER_MAX_I64 if w >= _COUNTER_MAX_I64 - low else low + w
         # Branch-free max: which rows lag behind is random, so a branch would mispredict.
@@ -140,6 +167,17 @@ def cms_add(counters, seeds, keys, weights, out):
         if i + PREFETCH_AHEAD < n:
             stage_columns(counters, seeds, keys[i + PREFETCH_AHEAD], ring, slot)
     return total
+
+
+@numba.njit(**_JIT)
+def cms_undo(counters, cols, old):
+    """Takes back a :func:`cms_add_logged` call: writes ``old`` back at ``cols``, last key
+    first, so that a counter several keys of the call raised gets its value from before the
+    first of them. Exact only while no later add is still in ``counters`` (undo last in,
+    first out)."""
+    for i in range(cols.shape[0] - 1, -1, -1):
+        for r in range(cols.shape[1]):
+            counters[r, cols[i, r]] = old[i, r]
 
 
 @numba.njit(**_JIT)
@@ -172,6 +210,19 @@ def _check_int64_vector(argument: str, keys) -> np.ndarray:
             f"{keys.dtype}{list(keys.shape)}" if isinstance(keys, np.ndarray) else type(keys))
         validation.fail(argument, "a 1-D int64 numpy array", received, TypeError)
     return np.ascontiguousarray(keys)
+
+
+@dataclass(frozen=True)
+class SketchUndo:
+    """What one :meth:`CountMinSketch.add_undoable` call changed: ``keys`` and ``weights``
+    (int64 ``[N]``, to add them again), the counters' ``cols`` (int64 ``[N, depth]``) and
+    ``old`` values (uint32 ``[N, depth]``), and ``total`` (the weights' sum)."""
+
+    keys: np.ndarray
+    weights: np.ndarray
+    cols: np.ndarray
+    old: np.ndarray
+    total: int
 
 
 class CountMinSketch:
@@ -230,6 +281,110 @@ class CountMinSketch:
           TypeError: ``keys`` or ``weights`` is not a 1-D int64 numpy array.
           ValueError: their lengths differ, or a weight is negative.
         """
+        keys, weights = self._checked(keys, weights)
+        out = np.empty(keys.shape[0], np.int64)
+        added = int(cms_add(self.counters, self.seeds, keys, weights, out))
+        # Only weights near 2^63 overflow the kernel's int64 sum; keep `total` exact anyway.
+        self.total += added if added >= 0 else sum(int(w) for w in weights)
+        return out
+
+    def add_undoable(self, keys: np.ndarray, weights: np.ndarray):
+        """:meth:`add`, also returning what :meth:`undo` needs to take it back.
+
+        Args:
+          keys, weights: as for :meth:`add`.
+
+        Returns:
+          ``(estimates, undo)``: the estimates as :meth:`add` returns them, and a
+          :class:`SketchUndo` (``12 * depth`` bytes per key plus the keys and weights).
+
+        Raises:
+          TypeError, ValueError: as :meth:`add`.
+        """
+        keys, weights = self._checked(keys, weights)
+        n = keys.shape[0]
+        out = np.empty(n, np.int64)
+        cols = np.empty((n, self.depth), np.int64)
+        old = np.empty((n, self.depth), np.uint32)
+        added = int(cms_add_logged(self.counters, self.seeds, keys, weights, out, cols, old))
+        total = added if added >= 0 else sum(int(w) for w in weights)
+        self.total += total
+        return out, SketchUndo(keys.copy(), weights.copy(), cols, old, total)
+
+    def undo(self, change: SketchUndo) -> None:
+        """Takes back an :meth:`add_undoable` call. Undo the calls last in, first out: a
+        call is undone exactly when every later one has been undone first."""
+        cms_undo(self.counters, change.cols, change.old)
+        self.total -= change.total
+
+    @classmethod
+    def from_counters(cls, counters: np.ndarray, seed: int, total: int) -> "CountMinSketch":
+        """A sketch holding ``counters`` (a saved sketch read back).
+
+        Args:
+          counters: uint32 ``[depth, width]`` with depth and width as the constructor allows.
+          seed: the seed the counters were hashed with.
+          total: the sum of the weights they hold, an int >= 0.
+
+        Raises:
+          TypeError, ValueError: naming the argument that is not as described.
+        """
+        if (not isinstance(counters, np.ndarray) or counters.dtype != np.uint32
+                or counters.ndim != 2):
+            validation.fail("counters", "a uint32 numpy array [depth, width]",
+                            getattr(counters, "dtype", type(counters)), TypeError)
+        sketch = cls(counters.shape[1], counters.shape[0], seed)
+        sketch.counters[...] = counters
+        sketch.total = validation.check_int("total", total, 0)
+        return sketch
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """``(width, depth, seed)``: sketches with the same geometry hash keys alike."""
+        return self.width, self.depth, self.seed
+
+    def copy(self) -> "CountMinSketch":
+        """An independent sketch with the same geometry, counters and total."""
+        other = CountMinSketch(self.width, self.depth, self.seed)
+        other.counters[...] = self.counters
+        other.total = self.total
+        return other
+
+    def load(self, other: "CountMinSketch") -> None:
+        """Replaces the counters and total by ``other``'s, in place (a checkpoint restore).
+
+        Raises:
+          TypeError: ``other`` is not a CountMinSketch.
+          ValueError: ``other`` has another geometry (width, depth, seed).
+        """
+        self._check_same_geometry(other)
+        self.counters[...] = other.counters
+        self.total = other.total
+
+    def merge(self, other: "CountMinSketch") -> None:
+        """Takes in ``other``'s counts, counter by counter the larger of the two: every
+        key's estimate stays >= its estimate in either sketch, so >= its true count in
+        whichever counted it. Joins the sketches of keys counted apart (the shards of a
+        table, each key counted by its owner alone) without adding up history they share
+        (a shard's sketch copied to several workers and joined again). :attr:`total`
+        becomes the sum of both, an upper bound.
+
+        Raises:
+          TypeError: ``other`` is not a CountMinSketch.
+          ValueError: ``other`` has another geometry (width, depth, seed).
+        """
+        self._check_same_geometry(other)
+        np.maximum(self.counters, other.counters, out=self.counters)
+        self.total += other.total
+
+    def _check_same_geometry(self, other) -> None:
+        if not isinstance(other, CountMinSketch):
+            validation.fail("other", "a CountMinSketch", type(other).__name__, TypeError)
+        if other.geometry != self.geometry:
+            validation.fail("other", f"a sketch of the same (width, depth, seed) "
+                            f"{self.geometry}", other.geometry)
+
+    def _checked(self, keys, weights):
         keys = _check_int64_vector("keys", keys)
         weights = _check_int64_vector("weights", weights)
         if weights.shape != keys.shape:
@@ -237,11 +392,7 @@ class CountMinSketch:
                             weights.shape[0])
         if weights.shape[0] and weights.min() < 0:
             validation.fail("weights", "all >= 0", int(weights.min()))
-        out = np.empty(keys.shape[0], np.int64)
-        added = int(cms_add(self.counters, self.seeds, keys, weights, out))
-        # Only weights near 2^63 overflow the kernel's int64 sum; keep `total` exact anyway.
-        self.total += added if added >= 0 else sum(int(w) for w in weights)
-        return out
+        return keys, weights
 
     def estimate(self, keys: np.ndarray) -> np.ndarray:
         """Estimated counts of ``keys`` (read-only).

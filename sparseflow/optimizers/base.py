@@ -64,6 +64,10 @@ class SparseOptimizer:
         """Initial value of each slot for a freshly allocated row."""
         return tuple(0.0 for _ in self.slot_names)
 
+    # The step counter: one per table, here, for host and device tables alike (a device
+    # table's TF update reads it through a numpy function), so that checkpoints read and
+    # write it in one way.
+
     def steps(self, table_name: str) -> int:
         """Updates applied so far to ``table_name`` (Adam's bias-correction step)."""
         return self._steps.get(table_name, 0)
@@ -72,6 +76,24 @@ class SparseOptimizer:
         """Sets the update count of ``table_name`` (a checkpoint restore)."""
         with self._lock:
             self._steps[table_name] = int(steps)
+
+    def next_step(self, table_name: str) -> int:
+        """Counts one more update of ``table_name``; returns its step (1-based)."""
+        with self._lock:
+            step = self._steps.get(table_name, 0) + 1
+            self._steps[table_name] = step
+        return step
+
+    def _step_tensor(self, table_name: str) -> tf.Tensor:
+        """An int64 scalar op that counts one update of ``table_name`` (:meth:`next_step`)
+        each time it runs, for a device table's update."""
+        @tf.autograph.experimental.do_not_convert
+        def count():
+            return np.int64(self.next_step(table_name))
+
+        step = tf.numpy_function(count, [], tf.int64, stateful=True, name="sparseflow_step")
+        step.set_shape([])
+        return step
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> tf.Operation:
         """Builds the op that applies each table's gradient to the rows it touches.
@@ -192,9 +214,7 @@ class SparseOptimizer:
         skipped) with the numba kernel, then the table's bookkeeping (changed rows marked;
         evicted rows its batches held may be reused; a tiered table's slots unpinned)."""
         storage = table.rows.allocate()
-        with self._lock:
-            step = self._steps.get(table.table_name, 0) + 1
-            self._steps[table.table_name] = step
+        step = self.next_step(table.table_name)
         self._update(storage, rows, np.ascontiguousarray(grads, np.float32), step)
         table.after_update(rows)
 

@@ -136,9 +136,7 @@ class ByAddressOptimizer(SparseOptimizer):
                 rows = np.ascontiguousarray(rows, np.int64)
                 values = np.ascontiguousarray(values, np.float32).reshape(rows.shape[0],
                                                                           table.dim)
-                with self._lock:
-                    step = self._steps.get(table.table_name, 0) + 1
-                    self._steps[table.table_name] = step
+                step = self.next_step(table.table_name)
                 # Pinned: growth cannot copy the rows away while the kernel writes them.
                 with table.rows.pinned() as storage:
                     self._update(storage, rows, values, step)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from sparseflow.ops.optimizer_kernels import apply_lazy_adam
 from sparseflow.optimizers.base import SparseOptimizer
 from sparseflow.optimizers.hparams import lazy_adam_hparams
@@ -19,8 +17,8 @@ class LazyAdam(SparseOptimizer):
     slot_names = ("momentum", "velocity")
 
     def _device_update(self, rows, indices, grads):
-        # The table's step counts its updates, as the host path's; incremented first.
-        step = tf.compat.v1.assign_add(rows.step, 1)
+        # The table's step counts its updates, in the same counter as the host path's.
+        step = self._step_tensor(rows.name)
         h = self.hparams
         return rows.apply_lazy_adam(indices, grads, step, learning_rate=h["learning_rate"],
                                     beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"])

@@ -18,6 +18,7 @@ import numpy as np
 from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.ops.hash_index import HashIndex
+from sparseflow.pipeline.read_ahead import BatchEffects, ReadAheadJournal, RolledBack
 
 
 # Batches read after a batch that was never read, before it counts as abandoned: far more
@@ -146,15 +147,18 @@ class KeyProcessor:
         self.last_seen = np.zeros(tracked, np.int64)
         self.clock = np.int64(-(2**63))
         self.lock = threading.Lock()
-        # In-flight tracking (on when the table can evict): every call gets a sequence number;
-        # the model's gather releases it. Rows freed by an eviction wait in the quarantine until
-        # no batch processed before that eviction is still outstanding.
+        # In-flight tracking (on for a table that trains: the table turns it on): every call
+        # gets a sequence number; the model's gather releases it. Rows freed by an eviction
+        # wait in the quarantine until no batch processed before that eviction is still
+        # outstanding, and what training batches not yet released changed is kept in the
+        # journal, so that a checkpoint leaves it out (read_ahead.py).
         self._place_rows = place_rows
         self.track_in_flight = place_rows is not None
         self._next_seq = 0
         self._max_released = -1
         self._outstanding: set[int] = set()
         self._quarantine: list[tuple[int, np.ndarray]] = []   # (first seq after, rows)
+        self.journal = ReadAheadJournal()
         self.evictions = 0
         self.keys_evicted = 0
         # Since the last checkpoint: rows a training batch touched (their weights, slots,
@@ -197,9 +201,13 @@ class KeyProcessor:
         rows = np.full(out_len, -1, np.int32)
         new_pos = np.empty(n_unique, np.int32)
         seq = -1
+        record = train and self.track_in_flight
         with self.lock:
-            if train and self.sketch is not None and self.threshold > 0:
-                n_new = self._assign_with_sketch(uniq, weight, n_unique, rows, new_pos)
+            sketch_undo = None
+            from_sketch = train and self.sketch is not None and self.threshold > 0
+            if from_sketch:
+                n_new, sketch_undo = self._assign_with_sketch(uniq, weight, n_unique, rows,
+                                                              new_pos, record)
             else:
                 if train:  # the eval channel inserts nothing, so it never grows the index
                     self._check_room(uniq, weight, n_unique)  # before anything changes
@@ -213,6 +221,15 @@ class KeyProcessor:
                                        self.free_rows, self.state, rows, new_pos)
             self.index.size = int(self.state[kk.STATE_INDEX_SIZE])
             self.cover_rows(int(self.state[kk.STATE_NEXT_ROW]))
+            if not train and len(self.journal):
+                # Keys only batches read ahead admitted read as unknown, as from a
+                # checkpoint: evaluation does not depend on how far the pipeline has read.
+                hidden = self.journal.hidden_keys()
+                if hidden.shape[0]:
+                    rows[:n_unique][np.isin(uniq[:n_unique], hidden)] = -1
+            if record:  # before the timestamps below change: they record what was there
+                effects = self._effects(uniq, weight, n_unique, rows, new_pos, n_new,
+                                        from_sketch, sketch_undo, timestamp)
             if n_new:
                 positions = new_pos[:n_new]
                 new_rows = rows[positions]
@@ -231,6 +248,9 @@ class KeyProcessor:
                 seq = self._next_seq
                 self._next_seq += 1
                 self._outstanding.add(seq)
+                if record:
+                    effects.seq = seq
+                    self.journal.record(effects)
             if self._place_rows is not None:
                 # A full fast tier raises here, after the keys were counted and assigned: a
                 # configuration error (the tier is smaller than the batches in flight).
@@ -253,12 +273,15 @@ class KeyProcessor:
         with self.lock:
             seq = int(seq)
             self._outstanding.discard(seq)
+            self.journal.consumed(seq)
             self._max_released = max(self._max_released, seq)
             # A batch this far behind the newest one read was abandoned (an iterator
-            # re-initialized with batches still in its prefetch buffer, a stopped run).
+            # re-initialized with batches still in its prefetch buffer, a stopped run): its
+            # counts stay, as if it had been read.
             stale = [s for s in self._outstanding if s < self._max_released - ABANDONED_AFTER]
             for s in stale:
                 self._outstanding.discard(s)
+                self.journal.consumed(s)
             if drain:
                 self._drain_quarantine()
 
@@ -285,6 +308,7 @@ class KeyProcessor:
                                   self.clock, np.int64(eviction_threshold))
             freed = self.index.delete(stale)
             self.tombstones.append(stale[freed >= 0])
+            self.journal.evicted(stale[freed >= 0])
             freed = freed[freed >= 0]
             self.state[kk.STATE_INDEX_SIZE] = self.index.size
             if freed.shape[0]:
@@ -292,6 +316,7 @@ class KeyProcessor:
                 self._drain_quarantine()
             if self.sketch is not None:  # counting restarts: bounds the total between clears
                 self.sketch.clear()
+                self.journal.sketch_cleared()
             self.evictions += 1
             self.keys_evicted += int(freed.shape[0])
             return EvictionResult(keys_removed=int(freed.shape[0]), keys_left=self.size,
@@ -320,6 +345,37 @@ class KeyProcessor:
         """Forgets batches in flight and quarantined rows (a restore replaces every row)."""
         self._outstanding.clear()
         self._quarantine.clear()
+        self.journal.clear()
+
+    def consumed_state(self) -> RolledBack:
+        """The key state (index entries, last-seen, clock, sketch) as after only the batches
+        the model has consumed: copies, the effects of batches in flight (read ahead) left
+        out (``read_ahead.py``). The caller holds :attr:`lock`."""
+        keys, rows, counts = self.index.entries()
+        return self.journal.rolled_back(keys, rows, counts, self.last_seen, self.clock,
+                                        self.sketch)
+
+    def in_flight_rows(self) -> np.ndarray:
+        """int32 logical rows that training batches in flight hold. The caller holds
+        :attr:`lock`."""
+        return self.journal.in_flight_rows()
+
+    def _effects(self, uniq, weight, n_unique, rows, new_pos, n_new, from_sketch,
+                 sketch_undo, timestamp) -> BatchEffects:
+        """What the training batch being processed changes (``seq`` set by the caller);
+        called after its rows are assigned, before its timestamps are written."""
+        keys = uniq[:n_unique]
+        logical = rows[:n_unique].copy()   # a tiered table's placement overwrites ``rows``
+        counted = None
+        if not from_sketch and self.threshold != 0:   # threshold 0 stops counting
+            counted = weight[:n_unique]
+        before = None
+        if timestamp is not None:
+            before = self.last_seen[np.maximum(logical, 0)]
+        return BatchEffects(seq=-1, keys=keys, rows=logical, counted=counted,
+                            admitted=keys[new_pos[:n_new]], admitted_from_sketch=from_sketch,
+                            sketch=sketch_undo, timestamp=timestamp, last_seen_before=before,
+                            clock_before=np.int64(self.clock))
 
     def _drain_quarantine(self) -> None:
         oldest = min(self._outstanding) if self._outstanding else self._next_seq
@@ -346,22 +402,27 @@ class KeyProcessor:
         """Batches processed whose rows the model has not gathered yet (tracking on only)."""
         return len(self._outstanding)
 
-    def _assign_with_sketch(self, uniq, weight, n_unique, rows, new_pos) -> int:
+    def _assign_with_sketch(self, uniq, weight, n_unique, rows, new_pos, undoable):
         """Training-channel assignment when not-yet-admitted keys are counted in the sketch:
         keys in the index own rows; an absent key is admitted once its estimated count
-        reaches the threshold, else only its count (in the sketch) grows."""
+        reaches the threshold, else only its count (in the sketch) grows. Returns the
+        number of new rows and, if ``undoable``, the sketch update's ``SketchUndo``."""
         keys, weights = uniq[:n_unique], weight[:n_unique]
         found = self.index.lookup(keys)
         absent = np.flatnonzero(found < 0)
         rows[:n_unique] = found
         if absent.shape[0] == 0:
-            return 0
+            return 0, None
         absent_keys, absent_weights = keys[absent], weights[absent]
         # Conservative update: after add, a key's estimate is its estimate now + its weight.
         admit = self.sketch.estimate(absent_keys) + absent_weights >= self.threshold
         n_admit = int(np.count_nonzero(admit))
         self._raise_if_full(n_admit)  # before the sketch or the index change
-        self.sketch.add(absent_keys[~admit], absent_weights[~admit])
+        undo = None
+        if undoable:
+            _, undo = self.sketch.add_undoable(absent_keys[~admit], absent_weights[~admit])
+        else:
+            self.sketch.add(absent_keys[~admit], absent_weights[~admit])
         self.index.reserve(n_admit)
         self.state[kk.STATE_INDEX_SIZE] = self.index.size
         if n_admit:
@@ -373,7 +434,7 @@ class KeyProcessor:
                            self.free_rows, self.state, sub_rows, sub_new)
             rows[admitted] = sub_rows
             new_pos[:n_admit] = admitted
-        return n_admit
+        return n_admit, undo
 
     def _check_room(self, uniq: np.ndarray, weight: np.ndarray, n_unique: int) -> None:
         available = self.rows_free

@@ -520,17 +520,22 @@ class Embedding(tf.Module):
         return tensors
 
     def _restore_from_tensors(self, restored_tensors):
+        source = f"the checkpoint of Embedding `{self.name}`"
+        states = []
         for table in self._tables:
             name = table.table_name
 
             def get(key):
                 return restored_tensors[f"{name}-{key}"].numpy()
 
-            state = table_state.TableState(
+            states.append(table_state.TableState(
                 keys=get("keys"), counts=get("counts"), last_seen=get("last_seen"),
                 values=np.ascontiguousarray(get("values"), np.float32),
                 slot_names=tuple(s.decode() for s in get("slot_names")),
                 counted_keys=get("counted_keys"), counted_counts=get("counted_counts"),
-                clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps")))
-            table_state.apply(table, state, source=f"the checkpoint of Embedding "
-                                                   f"`{self.name}`")
+                clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps"))))
+        # Every table checked before any changes: a refused one leaves all as they were.
+        for table, state in zip(self._tables, states):
+            table_state.check_fits(table, state, source)
+        for table, state in zip(self._tables, states):
+            table_state.apply(table, state, source=source)
