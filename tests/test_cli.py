@@ -168,6 +168,39 @@ def test_train_resumes_from_the_newest_checkpoint(tmp_path):
         assert second["tables"][name]["keys_held"] >= saved[name]["admitted_rows"]
 
 
+def test_a_resumed_run_continues_on_the_next_batches_like_the_uninterrupted_run(tmp_path):
+    """Stopped after 4 steps and resumed to 8, a job must read batches 5 to 8 — not the first
+    4 again — and so end with the tables of the run that was never stopped."""
+    from sparseflow.checkpoint.saver import sparse_path
+    from sparseflow.checkpoint.sparse_format import read_manifest, read_table_state
+
+    def tables(summary):
+        directory = sparse_path(summary["checkpoint"])
+        manifest = read_manifest(directory)["tables"]
+        out = {}
+        for name, entry in manifest.items():
+            state = read_table_state(directory, name, entry)
+            order = np.argsort(state.keys)
+            out[name] = (state.keys[order], state.values[order], state.counts[order])
+        return out
+
+    once = tmp_path / "once"
+    once.mkdir()
+    whole = runner.train(load_config(tiny_job(once, "dlrm", steps=8)), stream=io.StringIO())
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    path = tiny_job(twice, "dlrm", steps=8)
+    runner.train(load_config(path, ["schedule.max_steps=4"]), stream=io.StringIO())
+    resumed = runner.train(load_config(path), stream=io.StringIO())
+    assert resumed["steps"] == 8 and resumed["steps_this_run"] == 4
+    expected, got = tables(whole), tables(resumed)
+    assert sorted(got) == sorted(expected)
+    for name, (keys, values, counts) in expected.items():
+        np.testing.assert_array_equal(got[name][0], keys)
+        np.testing.assert_array_equal(got[name][2], counts)
+        np.testing.assert_allclose(got[name][1], values, rtol=1e-5, atol=1e-6)
+
+
 def test_eval_of_a_checkpoint_matches_the_end_of_training(tmp_path):
     path = tiny_job(tmp_path, "dlrm", steps=8)
     summary = runner.train(load_config(path), stream=io.StringIO())

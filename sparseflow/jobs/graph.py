@@ -57,6 +57,8 @@ class JobGraph:
     model: tf.Module
     global_step: tf.Variable
     train_iterator: object = None      # initializable iterator, or None (eval/export only)
+    train_skip: tf.Tensor | None = None  # int64 scalar fed to the train iterator's initializer:
+                                         # the batches a resumed run has already trained on
     train: Tower | None = None
     train_op: tf.Operation | None = None
     eval_iterator: object = None
@@ -94,7 +96,10 @@ class JobGraph:
         if training:
             specs = _feature_specs(cfg, with_timestamp=True)
             job.specs["train"] = specs
-            job.train_iterator = _iterator(cfg, "train", specs, True, cfg.schedule.batch_size)
+            job.train_skip = tf.compat.v1.placeholder_with_default(
+                tf.constant(0, tf.int64), [], name="train_batches_to_skip")
+            job.train_iterator = _iterator(cfg, "train", specs, True, cfg.schedule.batch_size,
+                                           skip=job.train_skip)
             job.train = job._tower(job.train_iterator.get_next(), specs, is_train=True)
             job.train_op = job._optimize(job.train.loss)
         if evaluation:
@@ -207,9 +212,12 @@ def _feature_specs(cfg: JobConfig, *, with_timestamp: bool) -> list:
     return specs
 
 
-def _iterator(cfg: JobConfig, split: str, specs: list, is_training: bool, batch_size: int):
+def _iterator(cfg: JobConfig, split: str, specs: list, is_training: bool, batch_size: int,
+              skip: tf.Tensor | None = None):
     dataset = make_dataset(cfg.data, cfg.columns, split, batch_size=batch_size,
                            seed=cfg.schedule.seed, repeat=is_training)
+    if skip is not None:   # before the key processing: skipped batches count no key
+        dataset = dataset.skip(skip)
     dataset = dataset.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=is_training),
                           num_parallel_calls=map_parallelism(cfg))
     return tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))

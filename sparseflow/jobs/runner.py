@@ -93,12 +93,14 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
     with job_graph(cfg, training=True, evaluation=has_eval) as job, \
             tf.compat.v1.Session(graph=job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(job.train_iterator.initializer)
         latest = sf.latest_checkpoint(ckpt_dir)
         if latest:
             job.saver.restore(sess, latest)
             stream.write(f"resumed from {latest}\n")
         step = int(sess.run(job.global_step))
+        # After the restore, and past the batches already trained on: a resumed run reads
+        # the batches the uninterrupted run would have read next.
+        sess.run(job.train_iterator.initializer, {job.train_skip: step})
         start_step = step
         progress = Progress(sched.max_steps, desc="step", unit="step", initial=start_step,
                             every=sched.log_every, stream=stream, tty=tty)
