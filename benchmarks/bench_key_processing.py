@@ -105,7 +105,7 @@ def sparseflow_map(table_groups):
     for table in sf.get_dense_and_sparse_variable()[1]:
         table.reserve_memory()
     # The plan's flat array holds every table's rows: consuming it consumes them all.
-    return fn, [sf.config.runtime().insert_plans[-1].flat_key]
+    return fn, [sf.runtime.current().insert_plans[-1].flat_key]
 
 
 def timed_pass(keys, make_map, table_groups, parallel) -> float:
@@ -123,7 +123,7 @@ def timed_pass(keys, make_map, table_groups, parallel) -> float:
     ds.reduce(np.int64(0), lambda acc, b: acc + tf.add_n(
         [tf.cast(tf.size(b[k]), tf.int64) for k in row_keys]))
     elapsed = time.perf_counter() - start
-    if sf.config.is_initialized():
+    if sf.runtime.is_initialized():
         sf.terminate_config_initializer()
     return elapsed
 

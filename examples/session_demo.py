@@ -21,7 +21,8 @@ import tensorflow as tf  # noqa: E402
 
 import sparseflow as sf  # noqa: E402
 from sparseflow.optimizers import lazy_adam  # noqa: E402
-from sparseflow.synthetic import auc, ctr_dataset  # noqa: E402
+from sparseflow.metrics import auc  # noqa: E402
+from sparseflow.synthetic import ctr_dataset  # noqa: E402
 
 BATCH = 4096
 FEATURES = {  # name -> (ids per sample, cardinality, zipf exponent)

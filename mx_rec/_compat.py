@@ -56,9 +56,9 @@ class _Saver(metaclass=_SaverMeta):
     sparseflow's Saver (dense and sparse together); otherwise TF's own."""
 
     def __new__(cls, *args, **kwargs):
-        from sparseflow import config
+        from sparseflow import runtime
         from sparseflow.checkpoint.saver import _TF_SAVER, Saver
-        if not config.is_initialized():
+        if not runtime.is_initialized():
             return _TF_SAVER(*args, **kwargs)
         if args:
             kwargs["var_list"] = args[0]

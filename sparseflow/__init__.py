@@ -20,11 +20,11 @@ import importlib
 # Public name -> defining module. Imported on first use (PEP 562), so that the numba kernels in
 # sparseflow.ops (and tools built on them) load without TensorFlow.
 _EXPORTS = {
-    "AlreadyInitializedError": "sparseflow.config",
-    "NotInitializedError": "sparseflow.config",
-    "get_use_dynamic_expansion": "sparseflow.config",
-    "init": "sparseflow.config",
-    "terminate_config_initializer": "sparseflow.config",
+    "AlreadyInitializedError": "sparseflow.runtime",
+    "NotInitializedError": "sparseflow.runtime",
+    "get_use_dynamic_expansion": "sparseflow.runtime",
+    "init": "sparseflow.runtime",
+    "terminate_config_initializer": "sparseflow.runtime",
     "FeatureSpec": "sparseflow.featurespec.spec",
     "sparse_lookup": "sparseflow.lookup",
     "get_asc_insert_func": "sparseflow.pipeline.insert_func",
@@ -47,8 +47,8 @@ _EXPORTS = {
     "create_table": "sparseflow.table",
 }
 
-_SUBMODULES = frozenset({"checkpoint", "cli", "config", "datasets", "embed", "featurespec", "jobs",
-                         "lookup", "models", "ops", "optimizers", "pipeline", "serving",
+_SUBMODULES = frozenset({"checkpoint", "cli", "datasets", "embed", "featurespec", "jobs",
+                         "lookup", "metrics", "models", "ops", "optimizers", "pipeline", "runtime", "serving",
                          "synthetic", "table", "validation"})
 
 __all__ = sorted([*_EXPORTS, "optimizers"])

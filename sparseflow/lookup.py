@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.ops import key_kernels as kk
 from sparseflow.pipeline.graph_cache import graph_cache
@@ -79,7 +79,7 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     Raises:
       NotInitializedError, TypeError, ValueError: see the argument descriptions.
     """
-    rt = _config.runtime("sparse_lookup")
+    rt = _runtime.current("sparse_lookup")
     unknown = sorted(set(kwargs) - _REC_SDK_INTERNAL_KWARGS)
     if unknown:
         raise TypeError(f"sparse_lookup() got an unexpected keyword argument `{unknown[0]}`. "
@@ -376,7 +376,7 @@ def _batch_embeddings(batch: dict, plan) -> dict:
 
 
 def _build_batch_embeddings(batch: dict, plan) -> dict:
-    rt = _config.runtime("sparse_lookup")
+    rt = _runtime.current("sparse_lookup")
     flat, sizes = batch[plan.flat_key], batch[plan.sizes_key]
     parts = batch_parts(batch, plan)
     # Device tables are gathered by TF ops on their own (_device_gather).

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.table import SparseTable
 from sparseflow.validation import check_float, fail
 
@@ -68,7 +68,7 @@ def export(table_list=None, path=None, sess=None) -> dict[str, str]:
       ValueError: ``table_list`` names an unknown table or is empty, no table exists, or a
         table's directory exists and holds files that ``export`` did not write.
     """
-    rt = _config.runtime("export")
+    rt = _runtime.current("export")
     tables = _select_tables(rt, table_list)
     path = os.path.join(os.getcwd(), "export") if path is None else _check_path("path", path)
     _ensure_dir("path", path)
@@ -141,7 +141,7 @@ def export_saved_model(path, table_list=None, serving_default_value=None, sess=N
         ``serving_default_value`` has the wrong shape or is not finite, or ``path`` holds
         something other than a SavedModel.
     """
-    rt = _config.runtime("export_saved_model")
+    rt = _runtime.current("export_saved_model")
     path = _check_path("path", path)
     tables = _select_tables(rt, table_list)
     defaults = {t.table_name: _default_row(serving_default_value, t) for t in tables}

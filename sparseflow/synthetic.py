@@ -101,22 +101,3 @@ def ctr_dataset(rng: np.random.Generator, n_rows: int, features: dict[str, tuple
         p = 1.0 / (1.0 + np.exp(-(logits[label] - 1.0)))
         data[f"label_{label}"] = (rng.random(n_rows) < p).astype(np.float32)
     return data
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the rank-sum formula (ties get average ranks); 0.5 if one class is absent."""
-    labels = np.asarray(labels).ravel() > 0.5
-    scores = np.asarray(scores, np.float64).ravel()
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return 0.5
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    # Average 1-based ranks over runs of tied scores.
-    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
-    ends = np.r_[starts[1:], scores.size]
-    run_rank = (starts + ends - 1) / 2.0 + 1.0
-    ranks = np.empty(scores.size, np.float64)
-    ranks[order] = np.repeat(run_rank, ends - starts)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))

@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.embed.device_rows import DeviceTableRows
 from sparseflow.embed.disk_rows import DiskRows
 from sparseflow.embed.host_rows import HostRows
@@ -199,7 +199,7 @@ class SparseTable:
           RuntimeError: called before ``start_asc_pipeline()`` (the optimizer slots, hence the
             row width, are not fixed yet).
         """
-        if not _config.runtime("reserve_memory").pipeline_started:
+        if not _runtime.current("reserve_memory").pipeline_started:
             raise RuntimeError(f"Table `{self.table_name}`: call reserve_memory() after "
                                f"start_asc_pipeline(), once the row layout is fixed.")
         if self.rows_on == "device" and self.tiers is None:
@@ -457,7 +457,7 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
       TypeError, ValueError: an argument is invalid, or the name is taken; ``rows_on="device"``
         under ``init(use_dynamic_expansion=True)`` or with ``ssd_vocabulary_size > 0``.
     """
-    rt = _config.runtime("create_table")
+    rt = _runtime.current("create_table")
     block_rows = kwargs.pop("expansion_block_rows", None)
     rows_on = kwargs.pop("rows_on", None)
     if rows_on is not None and (not isinstance(rows_on, str) or rows_on not in ROWS_ON):

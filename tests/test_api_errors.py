@@ -227,7 +227,7 @@ def test_kernels_load_without_tensorflow():
 def test_public_names_and_submodules_resolve():
     for name in sf.__all__:
         assert getattr(sf, name) is not None
-    assert sf.config.runtime is not None and sf.ops is not None
+    assert sf.runtime.current is not None and sf.ops is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sf.nope  # noqa: B018
 

@@ -104,7 +104,7 @@ def test_evicted_key_comes_back_with_fresh_values_and_zeroed_slots(sf_init):
 
 
 def _find_spec(index_key):
-    rt = sf.config.runtime()
+    rt = sf.runtime.current()
     return [s for s in rt.feature_specs if s.index_key == index_key and not s.is_timestamp][-1]
 
 

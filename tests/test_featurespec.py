@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from sparseflow import config
+from sparseflow import runtime
 from sparseflow.featurespec.grouping import SpecGroups, group_specs_by_table
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.validation import INT32_MAX
@@ -18,10 +18,10 @@ def names(argument, received):
 
 @pytest.fixture(autouse=True)
 def session():
-    config.terminate_config_initializer()
-    config.init()
+    runtime.terminate_config_initializer()
+    runtime.init()
     yield
-    config.terminate_config_initializer()
+    runtime.terminate_config_initializer()
 
 
 # --- FeatureSpec: valid input ----------------------------------------------------------------
@@ -60,14 +60,14 @@ def test_unique_name_has_counter_suffix_and_differs():
 
 def test_unique_name_not_reused_after_reinit():
     first = FeatureSpec("user_ids")
-    config.terminate_config_initializer()
-    config.init()
+    runtime.terminate_config_initializer()
+    runtime.init()
     assert FeatureSpec("user_ids").unique_name != first.unique_name
 
 
 def test_registered_in_runtime_in_creation_order():
     a, b = FeatureSpec("a"), FeatureSpec("b")
-    assert config.runtime().feature_specs == [a, b]
+    assert runtime.current().feature_specs == [a, b]
 
 
 @pytest.mark.parametrize("key", [0, 255, np.int32(7), "k", "k" * 255])
@@ -246,7 +246,7 @@ def test_faae_coefficient_type(value):
 def test_failed_spec_is_not_registered():
     with pytest.raises(ValueError):
         FeatureSpec("f", batch_size=0)
-    assert config.runtime().feature_specs == []
+    assert runtime.current().feature_specs == []
 
 
 # --- group_specs_by_table: valid input -------------------------------------------------------

@@ -71,7 +71,7 @@ def test_graph_modifier_hook_without_modification_starts_the_pipeline(sf_init):
     with tf.compat.v1.train.MonitoredTrainingSession(
             hooks=[GraphModifierHook(modify_graph=False)]) as sess:
         sess.run(inc)
-    assert sf.config.runtime().pipeline_started
+    assert sf.runtime.current().pipeline_started
 
 
 def _run_demo(mode, cwd):

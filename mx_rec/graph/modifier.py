@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from sparseflow import config
+from sparseflow import runtime
 from sparseflow.pipeline.graph_modifier import get_initializer, modify_graph_and_start_emb_cache
 from sparseflow.pipeline.manager import start_asc_pipeline
 
@@ -26,7 +26,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         if self.modify_graph:
             modify_graph_and_start_emb_cache(dump_graph=self.dump_graph)
-        elif not config.runtime("GraphModifierHook").pipeline_started:
+        elif not runtime.current("GraphModifierHook").pipeline_started:
             start_asc_pipeline()
 
     def after_create_session(self, session, coord):

@@ -1,6 +1,6 @@
 """Rec SDK ``mx_rec.util.initialize``."""
 
-from sparseflow.config import get_use_dynamic_expansion, init, terminate_config_initializer
+from sparseflow.runtime import get_use_dynamic_expansion, init, terminate_config_initializer
 from sparseflow.pipeline.graph_modifier import get_initializer
 
 __all__ = ["init", "terminate_config_initializer", "get_use_dynamic_expansion",

@@ -23,7 +23,7 @@ import shutil
 
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.checkpoint import sparse_format as fmt
 from sparseflow.checkpoint.table_state import (apply, capture, check_fits, merge,
                                                restore_window, take_window)
@@ -89,7 +89,7 @@ class Saver:
     """
 
     def __init__(self, var_list=None, max_to_keep=3, prefix_name="checkpoint", **kwargs):
-        self._runtime = _config.runtime("Saver")
+        self._runtime = _runtime.current("Saver")
         self.prefix_name = prefix_name  # Rec SDK's argument; the layout follows save_path
         if max_to_keep is None:  # TF's spelling of "keep all"
             max_to_keep = 0

@@ -11,7 +11,7 @@ import itertools
 import threading
 from typing import Any
 
-from sparseflow import config
+from sparseflow import runtime
 from sparseflow.embed.limits import (ACCESS_THRESHOLD_MAX, ACCESS_THRESHOLD_MIN,
                                      EVICTION_THRESHOLD_MAX, FEATURE_NAME_MAX_LEN as _NAME_MAX_LEN)
 from sparseflow.validation import (INT32_MAX, check_bool, check_int, check_optional_int, check_str,
@@ -76,7 +76,7 @@ class FeatureSpec:
       faae_coefficient: int.
 
     Raises:
-      sparseflow.config.NotInitializedError: ``sparseflow.init`` is not active.
+      sparseflow.runtime.NotInitializedError: ``sparseflow.init`` is not active.
       TypeError: an argument has the wrong type.
       ValueError: an argument is out of range, ``eviction_threshold`` is set without
         ``access_threshold``, or a timestamp spec has a table name or thresholds.
@@ -89,7 +89,7 @@ class FeatureSpec:
                  access_threshold: int | None = None, eviction_threshold: int | None = None,
                  is_timestamp: bool | None = None, batch_size: int | None = None,
                  faae_coefficient: int = 1) -> None:
-        rt = config.runtime("FeatureSpec")
+        rt = runtime.current("FeatureSpec")
         check_str("name", name, 1, _NAME_MAX_LEN)
         if table_name is not None:
             check_str("table_name", table_name, 1, _NAME_MAX_LEN)

@@ -23,7 +23,7 @@ from sparseflow.jobs.graph import JobGraph, job_graph
 from sparseflow.jobs.progress import Progress, format_table
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter, input_wait_seconds, traced_run_options
-from sparseflow.synthetic import auc
+from sparseflow.metrics import auc
 
 CHECKPOINT_SUBDIR = "checkpoints"
 SUMMARY_FILE = "summary.json"

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.validation import fail
 
 
@@ -46,7 +46,7 @@ class SparseOptimizer:
         self._lock = threading.Lock()
         if not runtime:
             return
-        rt = _config.runtime(type(self).__name__)
+        rt = _runtime.current(type(self).__name__)
         if rt.config.use_dynamic_expansion and not self.by_address:
             raise ValueError(
                 "The dynamic expansion mode is not compatible with the optimizer "

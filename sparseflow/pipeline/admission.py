@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.validation import INT32_MAX, check_int, fail
 
 
@@ -23,7 +23,7 @@ def set_threshold(table, value) -> None:
       NotInitializedError: ``init`` was not called.
       TypeError, ValueError: ``value`` out of range, or ``table`` names no table.
     """
-    rt = _config.runtime("set_threshold")
+    rt = _runtime.current("set_threshold")
     value = check_int("value", value, -1, INT32_MAX)
     name = table if isinstance(table, str) else getattr(table, "table_name", None)
     if name not in rt.tables:

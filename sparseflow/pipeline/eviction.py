@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.validation import check_bool, check_optional_int, fail
 
 logger = logging.getLogger("sparseflow")
@@ -37,7 +37,7 @@ def evict(table=None) -> dict:
       RuntimeError: the pipeline has not started.
       ValueError: ``table`` names no table, or that table has eviction off.
     """
-    rt = _config.runtime("evict")
+    rt = _runtime.current("evict")
     if not rt.pipeline_started:
         raise RuntimeError("evict() needs a started pipeline: call start_asc_pipeline() first.")
     if table is None:

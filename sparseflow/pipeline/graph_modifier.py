@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.pipeline import insert_func as _insert
 
@@ -69,7 +69,7 @@ class ModifyState:
 
 
 def _state() -> ModifyState:
-    rt = _config.runtime("automatic graph modification")
+    rt = _runtime.current("automatic graph modification")
     if rt.modify is None:
         rt.modify = ModifyState()
     return rt.modify
@@ -179,7 +179,7 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
         specs.append(FeatureSpec(f"timestamp_{next(_counter)}", is_timestamp=True,
                                  index_key=str(stamps[0].value_index)))
     insert = _insert.get_asc_insert_func(tgt_key_specs=specs, is_training=is_train)
-    plan = _config.runtime().insert_plans[-1]
+    plan = _runtime.current().insert_plans[-1]
 
     def add_rows(*flat):
         out = insert({str(i): t for i, t in enumerate(flat)})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 from sparseflow.featurespec.grouping import group_specs_by_table
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.graph_cache import graph_cache
@@ -77,7 +77,7 @@ class InsertPlan:
 
 
 def _plans_of(batch: dict):
-    rt = _config.runtime("sparse_lookup")
+    rt = _runtime.current("sparse_lookup")
     prefix = f"{_RESERVED}keys/"
     for key in batch:
         if isinstance(key, str) and key.startswith(prefix):
@@ -161,7 +161,7 @@ def get_asc_insert_func(tgt_key_specs=None, args_index_list=None, table_names=No
       NotInitializedError: ``init`` was not called.
       TypeError, ValueError: invalid specs (see ``group_specs_by_table``) or arguments.
     """
-    rt = _config.runtime("get_asc_insert_func")
+    rt = _runtime.current("get_asc_insert_func")
     check_bool("is_training", is_training)
     check_bool("dump_graph", dump_graph)
     if args_index_list is not None or table_names is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparseflow import config as _config
+from sparseflow import runtime as _runtime
 
 
 def start_asc_pipeline() -> None:
@@ -22,7 +22,7 @@ def start_asc_pipeline() -> None:
         spec has no ``send_count``.
       RuntimeError: the pipeline was already started.
     """
-    rt = _config.runtime("start_asc_pipeline")
+    rt = _runtime.current("start_asc_pipeline")
     with rt.lock:
         if rt.pipeline_started:
             raise RuntimeError("start_asc_pipeline() was already called for this init().")
@@ -75,5 +75,5 @@ def get_dense_and_sparse_variable():
     Raises:
       NotInitializedError: ``init`` was not called.
     """
-    rt = _config.runtime("get_dense_and_sparse_variable")
+    rt = _runtime.current("get_dense_and_sparse_variable")
     return tf.compat.v1.trainable_variables(), list(rt.tables.values())

@@ -1,7 +1,7 @@
 """``init`` / ``terminate_config_initializer``: the process-wide sparseflow session.
 
 Rec SDK scripts call ``init(...)`` once before building anything and
-``terminate_config_initializer()`` at the end. Between the two, :func:`runtime` holds every
+``terminate_config_initializer()`` at the end. Between the two, :func:`current` holds every
 table, feature spec, optimizer and key processor the script created. Terminating stops the
 pipeline and forgets all of them, so a later ``init`` starts from a clean slate (tests rely on it).
 """
@@ -113,7 +113,7 @@ def is_initialized() -> bool:
     return _RUNTIME is not None
 
 
-def runtime(api: str = "this API") -> Runtime:
+def current(api: str = "this API") -> Runtime:
     """Returns the active :class:`Runtime`.
 
     Args:
@@ -130,7 +130,7 @@ def runtime(api: str = "this API") -> Runtime:
 
 def get_use_dynamic_expansion() -> bool:
     """Rec SDK's ``mx_rec.util.initialize.get_use_dynamic_expansion``."""
-    return runtime("get_use_dynamic_expansion").config.use_dynamic_expansion
+    return current("get_use_dynamic_expansion").config.use_dynamic_expansion
 
 
 atexit.register(terminate_config_initializer)
