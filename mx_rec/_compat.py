@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import types
 
 import tensorflow as tf
+
+from mx_rec import _dataset
+from mx_rec.util.log import logger
 
 _installed = False
 _warned_npu = False
 # Graph optimizers that only exist in Huawei's TF adapter for Ascend NPUs.
 _ASCEND_OPTIMIZERS = ("NpuOptimizer",)
-logger = logging.getLogger("mx_rec")
 
 
 def _strip_ascend_options(config):
@@ -110,4 +111,5 @@ def install() -> None:
     tf.compat.v1.layers = layers
     # After the tf-keras import above, which repopulates tf.compat.v1's names.
     tf.compat.v1.Session = _Session
+    _dataset.install()
     _installed = True

@@ -9,6 +9,7 @@ pipeline and forgets all of them, so a later ``init`` starts from a clean slate 
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class Runtime:
 
 
 _RUNTIME: Runtime | None = None
+logger = logging.getLogger("sparseflow")
+_IGNORED_LOGGED: set = set()  # the ignored init kwargs already named in the log
 _STEP_ARGS = ("max_steps", "train_steps", "eval_steps", "save_steps")
 _BOOL_ARGS = ("use_dynamic", "use_dynamic_expansion", "if_load")
 
@@ -69,7 +72,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
       use_dynamic_expansion: tables grow instead of being allocated at full size.
       if_load: whether the script restores a checkpoint.
       **ignored: Rec SDK hardware options (``bind_cpu``, ``use_lccl``, ...), accepted and
-        ignored so that ported scripts run unchanged.
+        ignored so that ported scripts run unchanged; each is named once in the
+        ``sparseflow`` log at INFO.
 
     Returns:
       The validated :class:`InitConfig`.
@@ -95,6 +99,11 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
             "calling init() again.")
     config = InitConfig(**values)
     _RUNTIME = Runtime(config=config)
+    new = sorted(set(ignored) - _IGNORED_LOGGED)
+    if new:
+        _IGNORED_LOGGED.update(new)
+        logger.info("init(): %s accepted and ignored (Rec SDK hardware or multi-rank options, "
+                    "without a meaning in one sparseflow process).", ", ".join(new))
     return config
 
 

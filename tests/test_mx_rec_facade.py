@@ -123,9 +123,11 @@ def test_host_pipeline_ops_set_threshold(sf_init):
 
     from mx_rec.util.ops import import_host_pipeline_ops
     table = sf.create_table(tf.int64, 2, "user_table", tf.compat.v1.ones_initializer())
-    import_host_pipeline_ops().set_threshold(60, emb_name="user_table", ids_name="user_ids")
+    op = import_host_pipeline_ops().set_threshold(60, emb_name="user_table", ids_name="user_ids")
+    with tf.compat.v1.Session() as sess:
+        sess.run(op)  # the threshold changes when the op runs (tests/test_mx_rec_names.py)
     assert table.access_threshold == 60
-    with pytest.raises(ValueError, match=r"`emb_name` must name the table"):
+    with pytest.raises(ValueError, match=r"`emb_name` must be the name of the table"):
         import_host_pipeline_ops().set_threshold(60)
     from mx_rec.saver import Saver
     tf.compat.v1.get_variable("v", initializer=tf.ones([1]))
