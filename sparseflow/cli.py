@@ -7,7 +7,8 @@
     sparseflow stats    DATA ... --sparse C1,C2 [--timestamp COL] [--out DIR] [options]
     sparseflow stats    --config CONFIG [--set ...] [--out DIR] [options]
 
-Exit status: 0 success, 2 invalid configuration or arguments, 1 any other failure.
+Exit status: 0 success, 2 invalid configuration or arguments, 3 a worker's TF_CONFIG address
+is in use (multi-worker training), 1 any other failure.
 """
 
 from __future__ import annotations
@@ -269,12 +270,16 @@ def _train(args, cfg) -> int:
 
         runner.train(cfg, tty=False if args.no_progress else None)
         return EXIT_OK
+    from sparseflow.distributed.cluster import EXIT_ADDRESS_IN_USE, AddressInUseError
     from sparseflow.distributed.trainer import WorkerLostError, train
 
     # Any failure leaves at once: the keys thread may sit in a collective until its timeout,
     # and TensorFlow's teardown of a cluster with a failed or dead peer can block.
     try:
         train(cfg, world or World(0, 1), tty=False if args.no_progress else None)
+    except AddressInUseError as e:   # its own status: the launcher retries on other ports
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(EXIT_ADDRESS_IN_USE)
     except (WorkerLostError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(EXIT_FAILED)

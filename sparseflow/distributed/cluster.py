@@ -1,20 +1,33 @@
 """Which worker this process is, from ``TF_CONFIG`` (what ``MultiWorkerMirroredStrategy``
-reads too), and the ``TF_CONFIG`` of each local worker ``sparseflow train --workers N``
-starts."""
+reads too), starting its gRPC server, and the ``TF_CONFIG`` of each local worker
+``sparseflow train --workers N`` starts."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import socket
+
+# The exit status of ``sparseflow train`` when the worker's gRPC server could not bind its
+# address: the launcher (launch.py) tells it from other failures and starts the workers
+# again on other ports.
+EXIT_ADDRESS_IN_USE = 3
+
+
+class AddressInUseError(RuntimeError):
+    """A worker's gRPC server could not listen on its ``TF_CONFIG`` address."""
 
 
 @dataclasses.dataclass(frozen=True)
 class World:
-    """This worker's place: ``index`` in ``[0, size)``; ``size`` workers in all."""
+    """This worker's place: ``index`` in ``[0, size)``; ``size`` workers in all; ``address``
+    its ``host:port`` in ``TF_CONFIG`` ("" for one worker without ``TF_CONFIG``)."""
 
     index: int
     size: int
+    address: str = dataclasses.field(default="", compare=False)
 
     @property
     def chief(self) -> bool:
@@ -57,10 +70,61 @@ def world_from_env(environ=None) -> World | None:
             index, bool) or not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG's task must be {{\"type\": \"worker\", \"index\": i}} "
                          f"with i in [0, {len(workers) - 1}]; received {task!r}.")
-    return World(index, len(workers))
+    return World(index, len(workers), workers[index])
+
+
+def start_server(world: World):
+    """Starts this worker's gRPC server and collective executor from ``TF_CONFIG``
+    (``tf.distribute.MultiWorkerMirroredStrategy``, which then waits for every worker).
+
+    Args:
+      world: this worker, from :func:`world_from_env`.
+
+    Returns:
+      The ``MultiWorkerMirroredStrategy``.
+
+    Raises:
+      AddressInUseError: the server could not listen on ``world.address`` (TensorFlow says
+        only "Could not start gRPC server", within milliseconds); the message names the
+        worker, the address and, where a probe finds it, why (the port in use, a
+        privileged port).
+    """
+    import tensorflow as tf
+
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    except tf.errors.UnknownError as err:
+        if "Could not start gRPC server" not in str(err):
+            raise
+        raise AddressInUseError(
+            f"worker {world.index} of {world.size} cannot listen on {world.address}, its "
+            f"address in TF_CONFIG (cluster.worker[{world.index}]): "
+            f"{_why_unbindable(world.address)}. Stop the process that holds the port, or "
+            f"give this worker another port (in the cluster.worker list of every worker's "
+            f"TF_CONFIG).") from None
 
 
 def local_tf_config(ports: list[int], index: int) -> str:
     """The ``TF_CONFIG`` of local worker ``index`` of ``len(ports)`` on loopback."""
     return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
                        "task": {"type": "worker", "index": index}})
+
+
+def _why_unbindable(address: str) -> str:
+    """Why TensorFlow's server (which binds every interface) could not bind the port of
+    ``address``, found by trying the same bind."""
+    port = address.rsplit(":", 1)[-1]
+    if not port.isdigit():
+        return f"{port!r} is not a port number"
+    probe = socket.socket()
+    try:
+        probe.bind(("", int(port)))
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return f"port {port} is in use by another process"
+        if err.errno == errno.EACCES:
+            return f"binding port {port} is not permitted (ports below 1024 need privileges)"
+        return f"binding port {port} fails: {err.strerror}"
+    finally:
+        probe.close()
+    return f"port {port} could not be bound (it is free now: another process held it)"
