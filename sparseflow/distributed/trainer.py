@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from sparseflow.checkpoint import sparse_format as fmt
 from sparseflow.checkpoint import table_state
-from sparseflow.distributed.cluster import World
+from sparseflow.distributed.cluster import World, start_server
 from sparseflow.distributed.exchange import GROUP_KEY, Exchange
 from sparseflow.distributed.routing import KeyRouter
 from sparseflow.distributed.shard_files import (WORLD_FILE, complete_checkpoints, open_shards,
@@ -34,7 +34,8 @@ from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.graph import apply_model, call_on_zeros, dense_optimizer, table_initializer
 from sparseflow.jobs.progress import Progress
 from sparseflow.jobs.runner import (CHECKPOINT_SUBDIR, SUMMARY_FILE, EvictionTimer,
-                                    eval_line, eval_metrics, has_eval_split, output_dir)
+                                    eval_line, eval_metrics, has_eval_split, output_dir,
+                                    sparseflow_error)
 from sparseflow.jobs.schema import JobConfig
 from sparseflow.jobs.summaries import ScalarWriter
 from sparseflow.checkpoint.saver import latest_checkpoint
@@ -448,7 +449,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None,
     os.makedirs(out, exist_ok=True)
     if world.size > 1:
         # Starts this worker's gRPC server and the collective executor from TF_CONFIG.
-        tf.distribute.MultiWorkerMirroredStrategy()
+        start_server(world)
     job = ShardedJob(cfg, world)
     sched = cfg.schedule
     prefix = f"[worker {world.index}/{world.size}] "
@@ -543,7 +544,7 @@ def train(cfg: JobConfig, world: World, *, stream: IO[str] | None = None,
         writer.close()
     except tf.errors.OpError as err:
         if not isinstance(err, _PEER_ERRORS):
-            ours = _our_error(str(err))
+            ours = sparseflow_error(str(err))
             if ours is None:
                 raise
             # A sparseflow error raised inside a numpy function reaches here wrapped in
@@ -604,16 +605,6 @@ def _pauses_after(cfg: JobConfig, step: int) -> bool:
     sched = cfg.schedule
     return bool((sched.save_every and step % sched.save_every == 0)
                 or (has_eval_split(cfg) and sched.eval_every and step % sched.eval_every == 0))
-
-
-def _our_error(message: str) -> str | None:
-    """``"SendCountOverflowError: ..."`` when a TensorFlow error wraps one of sparseflow's
-    (raised in a numpy function), else None."""
-    for line in message.splitlines():
-        for name in ("SendCountOverflowError", "TableFullError", "CheckpointError"):
-            if f"{name}: " in line:
-                return line[line.index(name):].strip()
-    return None
 
 
 def _cause(message: str) -> str:

@@ -9,11 +9,14 @@ the output directory, and returns the summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
+import threading
 import time
-from typing import IO
+from typing import IO, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +33,13 @@ SUMMARY_FILE = "summary.json"
 # One traced step (per-op timing) in this many: enough samples for the input-wait share
 # without the tracing cost showing in the throughput (traced steps are not timed).
 _TRACE_EVERY = 25
+logger = logging.getLogger("sparseflow")
+# How long a session may take to close before the trainer leaves it (as TF's Session.__exit__).
+_CLOSE_SECONDS = 30.0
+# sparseflow's errors that a numpy function in the input pipeline or the step may raise:
+# TensorFlow re-raises them wrapped in its own error and traceback.
+_PIPELINE_ERRORS = ("CacheFullError", "TableFullError", "SendCountOverflowError",
+                    "CheckpointError")
 
 
 class EvictionTimer:
@@ -71,8 +81,13 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
       statistics and the final checkpoint.
 
     Raises:
-      ValueError: the data cannot be read as configured.
+      ValueError: the data cannot be read as configured, or one of sparseflow's errors
+        stopped the input pipeline or the step (a full table or fast tier:
+        ``"training stopped after step N: CacheFullError: ..."``).
       tf.errors.OpError: TensorFlow failed while running the step.
+
+    Whatever ends the run, its session (and with it the input pipeline) is closed and
+    deleted before the tables are, and before the error leaves.
     """
     stream = stream if stream is not None else sys.stdout
     out = output_dir(cfg)
@@ -90,8 +105,11 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
             f"or use another output.dir.")
     has_eval = has_eval_split(cfg)
     writer = ScalarWriter(out if cfg.output.tensorboard else None)
-    with job_graph(cfg, training=True, evaluation=has_eval) as job, \
-            tf.compat.v1.Session(graph=job.graph) as sess:
+    step = 0
+    # Outermost, the errors: they leave after the session and the tables are released.
+    with _clear_errors(lambda: step), contextlib.closing(writer), \
+            job_graph(cfg, training=True, evaluation=has_eval) as job, \
+            _session(job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         latest = sf.latest_checkpoint(ckpt_dir)
         if latest:
@@ -191,8 +209,7 @@ def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None,
     """
     stream = stream if stream is not None else sys.stdout
     prefix = resolve_checkpoint(checkpoint, cfg)
-    with job_graph(cfg, training=False, evaluation=True) as job, \
-            tf.compat.v1.Session(graph=job.graph) as sess:
+    with job_graph(cfg, training=False, evaluation=True) as job, _session(job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         job.saver.restore(sess, prefix)
         # The batches in the split are known only with eval_steps: without it, no ETA.
@@ -201,6 +218,61 @@ def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None,
             metrics = _evaluate(sess, job, progress)
     stream.write(eval_line(None, metrics) + "\n")
     return metrics
+
+
+@contextlib.contextmanager
+def _session(graph: tf.Graph) -> Iterator[tf.compat.v1.Session]:
+    """A Session on ``graph`` (the default one inside), closed *and deleted* on exit, error
+    or not.
+
+    TensorFlow destroys a session's input pipelines (iterators, their threads, the numpy
+    functions in flight on them) only when it deletes the session, which ``close()`` does not
+    do. Left to the garbage collector, a session whose run failed lives on in the error's
+    traceback, often until interpreter shutdown, when a pipeline thread can no longer take
+    the GIL and the iterator's destructor waits for it. Deleted here, the pipelines end
+    before the tables they call into are closed (``job_graph``'s exit, next), while the
+    interpreter is whole.
+    """
+    sess = tf.compat.v1.Session(graph=graph)
+    try:
+        with graph.as_default(), sess.as_default():
+            yield sess
+    finally:
+        # TensorFlow bounds its own close after an error the same way (Session.__exit__):
+        # a close that does not return is left behind, and so is the session, undeleted.
+        closer = threading.Thread(target=sess.close, name="sparseflow-session-close",
+                                  daemon=True)
+        closer.start()
+        closer.join(_CLOSE_SECONDS)
+        if closer.is_alive():
+            logger.error("The session did not close within %.0f s; it is left open.",
+                         _CLOSE_SECONDS)
+        else:
+            sess.__del__()   # TF_DeleteSession now (idempotent)
+
+
+@contextlib.contextmanager
+def _clear_errors(steps_done) -> Iterator[None]:
+    """Turns a TensorFlow error that wraps one of sparseflow's (raised in a numpy function:
+    a full table or fast tier, too many keys for ``send_count``) into a ValueError with
+    sparseflow's message and ``steps_done()``, without TensorFlow's traceback."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        ours = sparseflow_error(str(err))
+        if ours is None:
+            raise
+        raise ValueError(f"training stopped after step {steps_done()}: {ours}") from None
+
+
+def sparseflow_error(message: str) -> str | None:
+    """``"TableFullError: Table `t` is full: ..."`` when the message of a TensorFlow error
+    wraps one of sparseflow's errors (raised in a numpy function), else None."""
+    for line in message.splitlines():
+        for name in _PIPELINE_ERRORS:
+            if f"{name}: " in line:
+                return line[line.index(name):].strip()
+    return None
 
 
 def _save(sess, job: JobGraph, ckpt_dir: str, step: int) -> str:
