@@ -73,6 +73,71 @@ def test_hammer_a_tiny_cache_never_loses_an_update(slots, in_flight, seed):
     assert cache.swapped_out > 0 and 0.0 < cache.hit_rate < 1.0
 
 
+@pytest.mark.parametrize("slots, ahead, seed", [(8, 6, 0), (14, 12, 1), (30, 40, 2)])
+def test_hammer_read_ahead_placements_taken_back_never_lose_an_update(slots, ahead, seed):
+    """The pipeline places up to ``ahead`` batches early (``prefetch``, room permitting); each
+    step claims its batch (``place``), taking back early placements when short of room; now
+    and then the read-ahead is abandoned (an iterator re-initialized) or a batch is an
+    evaluation one. Every gather reads its rows' latest values; no update is lost."""
+    rng = np.random.default_rng(seed)
+    n_rows, dim, batch = 300, 3, 6
+    cache = TierCache("t", slots, n_rows)
+    truth = rng.normal(size=(n_rows, dim))
+    host = truth.copy()
+    device = np.full((slots, dim), np.nan)
+    queue, seq = deque(), 0
+    for step in range(400):
+        while len(queue) < ahead:                           # the pipeline reads ahead
+            rows = np.unique(np.minimum(rng.zipf(1.3, batch) - 1, n_rows - 1)).astype(np.int32)
+            training = seq % 5 != 0
+            cache.prefetch(rows, seq, training)
+            queue.append((seq, rows, training))
+            seq += 1
+        if step % 37 == 36:
+            queue.clear()                                   # re-initialized: abandoned
+            continue
+        step_seq, step_rows, training = queue.popleft()
+        step_slots = cache.place(step_rows, step_seq)       # the step's claim
+        _execute(cache.pop_plans(), device, host)
+        np.testing.assert_array_equal(device[step_slots], truth[step_rows])
+        cache.release(step_seq)                             # gathered
+        if training:
+            delta = rng.normal(size=(step_rows.shape[0], dim))
+            device[step_slots] += delta                     # the update
+            truth[step_rows] += delta
+            cache.settle()
+        assert len(set(cache.row_in[cache.row_in >= 0].tolist())) == int(
+            (cache.row_in >= 0).sum())
+    _execute(cache.pop_plans(), device, host)
+    final = host.copy()
+    resident = cache.row_in >= 0
+    final[cache.row_in[resident]] = device[resident]
+    np.testing.assert_allclose(final, truth)
+    assert cache.swapped_out > 0
+
+
+def test_read_ahead_never_fills_the_cache_and_gives_its_slots_back():
+    cache = TierCache("t", 4, 20)
+    cache.prefetch(np.array([0, 1], np.int32), seq=0)       # placed early
+    cache.prefetch(np.array([2, 3], np.int32), seq=1)       # placed early: the tier is full
+    cache.prefetch(np.array([4], np.int32), seq=2)          # no room: left to its step
+    assert cache.slot_of[4] == -1 and cache.pins.tolist() == [1, 1, 1, 1]
+    assert cache.place(np.array([0, 1], np.int32), seq=0).tolist() == [0, 1]   # claimed
+    assert [p.in_rows.tolist() for p in cache.pop_plans()] == [[0, 1], [2, 3]]
+    cache.release(0)
+    cache.settle()
+    # Unpinned slots first: batch 1 keeps its early placement.
+    assert cache.place(np.array([4], np.int32), seq=2).tolist() == [0]
+    assert cache.pins.tolist() == [1, 0, 1, 1]
+    # Three rows need more: batch 1's early placement is taken back.
+    assert sorted(cache.place(np.array([5, 6, 7], np.int32), seq=3).tolist()) == [1, 2, 3]
+    assert cache.pins.tolist() == [1, 1, 1, 1]
+    with pytest.raises(CacheFullError, match=r"a batch needs 2 rows moved into the fast tier, "
+                                             r"but only 0 of its 4 slots \(4 slots\) are free "
+                                             r"or unused by the 2 batches in flight"):
+        cache.place(np.array([2, 3], np.int32), seq=1)      # two claimed batches hold all
+
+
 def test_rows_of_batches_in_flight_are_never_victims():
     cache = TierCache("t", 4, 10, size_hint="device_vocabulary_size=4, host_vocabulary_size=6")
     cache.place(np.array([0, 1], np.int32), seq=0)       # in flight
@@ -81,14 +146,16 @@ def test_rows_of_batches_in_flight_are_never_victims():
                                                    r"host_vocabulary_size"):
         cache.place(np.array([4], np.int32), seq=2)
     assert cache.slot_of[4] == -1                        # nothing changed
+    # The steps of batches 0 and 1 execute their moves before their gathers.
+    assert [p.in_rows.tolist() for p in cache.pop_plans()] == [[0, 1], [2, 3]]
     cache.release(0)                                     # gathered, not yet updated
     cache.settle()                                       # updated
     slots = cache.place(np.array([4, 2], np.int32), seq=2)
     assert cache.slot_of[0] == -1 or cache.slot_of[1] == -1   # an unpinned row left ...
     assert slots[1] == cache.slot_of[2]                  # ... and row 2 kept its slot
     plans = cache.pop_plans()
-    assert [p.in_rows.tolist() for p in plans] == [[0, 1], [2, 3], [4]]
-    assert plans[2].out_rows.tolist() == [0]             # least recently used first
+    assert [p.in_rows.tolist() for p in plans] == [[4]]
+    assert plans[0].out_rows.tolist() == [0]             # least recently used first
 
 
 def test_forget_frees_the_slots_of_evicted_rows():

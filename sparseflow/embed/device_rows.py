@@ -412,12 +412,18 @@ class DeviceTableRows:
         """Floats per row in the host layout: weights plus slots."""
         return self.dim * (1 + len(self.slot_names))
 
-    def bind_optimizer(self, optimizer) -> None:
+    def bind_optimizer(self, optimizer, holds_no_row: bool = False) -> None:
         """Fixes the slot layout from ``optimizer`` and adds its slots to the variables.
 
+        Args:
+          optimizer: the sparse optimizer.
+          holds_no_row: the caller (the table, under its key processor's lock) knows that no
+            key was ever given a row: host-side ops built without the slots
+            (``start_asc_pipeline``) are then built again with them.
+
         Raises:
-          ValueError: another optimizer is already bound, or the pipeline has started (the
-            host-side ops were built without slots).
+          ValueError: another optimizer is already bound, or the host-side ops were built
+            without slots and the table may hold rows.
         """
         if self.optimizer is optimizer:
             return
@@ -425,16 +431,19 @@ class DeviceTableRows:
             raise ValueError(
                 f"Table `{self.name}` is already updated by optimizer `{self.optimizer.name}`; "
                 f"a table takes one sparse optimizer. Received: `{optimizer.name}`")
-        if self.device_rows is not None and self.device_rows.io_built:
+        rebuild_io = self.device_rows is not None and self.device_rows.io_built
+        if rebuild_io and not holds_no_row:
             raise ValueError(
                 f"Table `{self.name}` already holds rows without optimizer slots: build the "
-                f"sparse optimizer's apply_gradients before start_asc_pipeline() and before "
-                f"the first batch.")
+                f"sparse optimizer's apply_gradients (or pass it to create_table's "
+                f"optimizer_list) before the first batch is drawn.")
         self.optimizer = optimizer
         self.slot_names = tuple(optimizer.slot_names)
         self.slot_values = tuple(float(v) for v in optimizer.slot_initial_values)
         if self.device_rows is not None:
             self.device_rows.bind_slots(self.slot_names, self.slot_values)
+            if rebuild_io:
+                self.device_rows.build_io()
 
     def rows_in(self, graph) -> DeviceRows:
         """The table's :class:`DeviceRows`, created in ``graph`` on first use.

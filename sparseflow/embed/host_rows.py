@@ -65,12 +65,18 @@ class HostRows:
         """Whether the storage grows (dynamic expansion)."""
         return self.block_rows is not None
 
-    def bind_optimizer(self, optimizer) -> None:
+    def bind_optimizer(self, optimizer, holds_no_row: bool = False) -> None:
         """Fixes the slot layout from ``optimizer`` (``slot_names``, ``slot_initial_values``).
+
+        Args:
+          optimizer: the sparse optimizer.
+          holds_no_row: the caller (the table, under its key processor's lock) knows that no
+            key was ever given a row: storage allocated without the optimizer's slots is then
+            dropped and allocated again, wider, on next use.
 
         Raises:
           ValueError: another optimizer is already bound, or the rows were already allocated
-            with a different slot layout.
+            with a different slot layout and may hold rows.
         """
         if self.optimizer is optimizer:
             return
@@ -80,10 +86,13 @@ class HostRows:
                 f"a table takes one sparse optimizer. Received: `{optimizer.name}`")
         names = tuple(optimizer.slot_names)
         if self.storage is not None and names != self.slot_names:
-            raise ValueError(
-                f"Table `{self.name}` already holds rows without optimizer slots: build the "
-                f"sparse optimizer's apply_gradients before start_asc_pipeline() and before "
-                f"the first batch.")
+            if not holds_no_row:
+                raise ValueError(
+                    f"Table `{self.name}` already holds rows without optimizer slots: build "
+                    f"the sparse optimizer's apply_gradients (or pass it to create_table's "
+                    f"optimizer_list) before the first batch is drawn.")
+            with self._lock:
+                self.storage = None
         self.optimizer = optimizer
         self.slot_names = names
         self.slot_values = tuple(float(v) for v in optimizer.slot_initial_values)

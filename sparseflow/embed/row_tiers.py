@@ -8,9 +8,11 @@ Two configurations use it:
   host_vocabulary_size`` slots in host memory (``HostRows``) over a home for every row in a
   memory-mapped file (``DiskRows``); rows leave host memory least frequently used first.
 
-The key processor keeps handing out *logical* rows (``0 .. capacity-1``); :meth:`RowTiers.place`
-turns a batch's unique logical rows into fast slots (a :class:`TierCache` decides which), and
-the batch carries the slots, so gathers and optimizer updates run on the fast tier unchanged.
+The key processor keeps handing out *logical* rows (``0 .. capacity-1``), which the batch
+carries; the pipeline places a batch read ahead early when there is room
+(:meth:`RowTiers.prefetch`), and the step's gather turns its unique logical rows into fast
+slots (:meth:`RowTiers.place`; a :class:`TierCache` decides which), so that the gather and the
+optimizer update run on the fast tier.
 New rows get their initial values at home; the swap in carries them to the fast tier.
 
 The fast tier's data is moved by its owner — the training step, before its gather, for both
@@ -78,7 +80,7 @@ class RowTiers:
         """Floats per row: weights plus the optimizer's slots."""
         return self.dim * (1 + len(self.slot_values))
 
-    # -- the input pipeline (key processor, under its lock) ------------------------------
+    # -- the input pipeline (key processor, under its lock) and the step's claim ---------
 
     def initialize(self, rows: np.ndarray, keys: np.ndarray) -> None:
         """The key processor's callback for newly assigned rows: writes their initial values
@@ -94,9 +96,14 @@ class RowTiers:
             self.cache.forget(rows)
             homes.write(rows, values)
 
-    def place(self, rows: np.ndarray, seq: int, training: bool = True) -> np.ndarray:
-        """The fast slots of a batch's unique logical rows (-1 stays -1); see
-        :meth:`TierCache.place`."""
+    def prefetch(self, rows: np.ndarray, seq: int, training: bool = True) -> None:
+        """The pipeline's early placement of a batch read ahead, if room allows; see
+        :meth:`TierCache.prefetch`."""
+        self.cache.prefetch(rows, seq, training)
+
+    def place(self, rows: np.ndarray, seq: int, training: bool | None = None) -> np.ndarray:
+        """The step's claim of the fast slots of a batch's unique logical rows (-1 stays -1);
+        see :meth:`TierCache.place`."""
         return self.cache.place(rows, seq, training)
 
     # -- the training step -----------------------------------------------------------------

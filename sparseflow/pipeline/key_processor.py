@@ -124,16 +124,17 @@ class KeyProcessor:
       tracked_rows: dynamic expansion: rows the per-row arrays (last-seen times, checkpoint
         marks) cover at first; they grow (doubling) as rows past them are handed out, so a
         ``row_limit`` of 2^31 - 1 costs nothing up front. None: ``row_limit`` rows, fixed.
-      place_rows: tiered tables: callback ``(rows int32[U], seq, train) -> slots int32[U]`` that
-        turns a batch's unique logical rows into fast-tier slots, which the batch then
-        carries instead (``embed/row_tiers.py``); in-flight tracking is then always on.
+      prefetch_rows: tiered tables: callback ``(rows int32[U], seq, train) -> None`` that
+        places a batch's unique logical rows in the fast tier early if room allows (its step
+        claims its fast slots at its gather, ``embed/row_tiers.py``); in-flight tracking is
+        then always on.
     """
 
     def __init__(self, table_name: str, row_limit: int, access_threshold: int | None,
                  init_rows: Callable[[np.ndarray, np.ndarray], None],
                  capacity_hint: int = 1024, size_hint: str = "device_vocabulary_size",
                  sketch: CountMinSketch | None = None, *, tracked_rows: int | None = None,
-                 place_rows: Callable[[np.ndarray, int, bool], np.ndarray] | None = None):
+                 prefetch_rows: Callable[[np.ndarray, int, bool], None] | None = None):
         self.table_name = table_name
         self.threshold = -1 if access_threshold is None else int(access_threshold)
         self.sketch = sketch
@@ -152,8 +153,8 @@ class KeyProcessor:
         # wait in the quarantine until no batch processed before that eviction is still
         # outstanding, and what training batches not yet released changed is kept in the
         # journal, so that a checkpoint leaves it out (read_ahead.py).
-        self._place_rows = place_rows
-        self.track_in_flight = place_rows is not None
+        self._prefetch_rows = prefetch_rows
+        self.track_in_flight = prefetch_rows is not None
         self._next_seq = 0
         self._max_released = -1
         self._outstanding: set[int] = set()
@@ -251,10 +252,9 @@ class KeyProcessor:
                 if record:
                     effects.seq = seq
                     self.journal.record(effects)
-            if self._place_rows is not None:
-                # A full fast tier raises here, after the keys were counted and assigned: a
-                # configuration error (the tier is smaller than the batches in flight).
-                rows[:n_unique] = self._place_rows(rows[:n_unique], seq, train)
+            if self._prefetch_rows is not None:
+                # Never raises nor waits for room: the step claims the fast slots it needs.
+                self._prefetch_rows(rows[:n_unique], seq, train)
         return BatchResult(rows=rows, restore=restore, n_new=int(n_new), seq=seq)
 
     # -- eviction --------------------------------------------------------------------------
@@ -365,7 +365,7 @@ class KeyProcessor:
         """What the training batch being processed changes (``seq`` set by the caller);
         called after its rows are assigned, before its timestamps are written."""
         keys = uniq[:n_unique]
-        logical = rows[:n_unique].copy()   # a tiered table's placement overwrites ``rows``
+        logical = rows[:n_unique].copy()
         counted = None
         if not from_sketch and self.threshold != 0:   # threshold 0 stops counting
             counted = weight[:n_unique]
@@ -485,8 +485,8 @@ class KeyProcessor:
 
     @property
     def tiered(self) -> bool:
-        """Whether batches carry fast-tier slots instead of rows (a tiered table)."""
-        return self._place_rows is not None
+        """Whether the table keeps a fast tier over homes (its steps claim fast slots)."""
+        return self._prefetch_rows is not None
 
     @property
     def row_limit(self) -> int:

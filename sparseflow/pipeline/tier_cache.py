@@ -3,23 +3,31 @@
 A tiered table keeps a home for every logical row in a slow tier and a few fast slots that
 cache some of them: the device slots over host homes (``rows_on="device"`` with
 ``host_vocabulary_size > 0``), or the host slots over disk homes (``ssd_vocabulary_size > 0``).
-Per batch, in the input pipeline, :meth:`TierCache.place` maps the batch's unique rows to fast
-slots: rows already resident keep their slot; missing rows take free slots, then the slots no
-batch in flight needs, least recently used (``policy="lru"``) or least frequently used
+A batch carries logical rows; its step maps them to fast slots (:meth:`TierCache.place`, at
+the gather): rows already resident keep their slot; missing rows take free slots, then the
+slots no batch needs, least recently used (``policy="lru"``) or least frequently used
 (``"lfu"``) first. The moves are queued as :class:`SwapPlan`s; the training step pops every
 queued plan (:meth:`TierCache.pop_plans`) and executes them — every swap out (fast → home)
 before every swap in (home → fast) — before its gather.
 
-Executing plans of batches still in the prefetch buffer early is safe: a plan only moves rows
-out of slots no batch in flight uses and into slots it took from no one in flight. A batch's
-slots stay pinned from placement until its step has gathered them and, for a training batch,
-updated them: the gather marks the batch released (:meth:`TierCache.release`), which unpins
-an evaluation batch's slots at once (nothing will write them) and leaves a training batch's
-pinned until :meth:`TierCache.settle` (the sparse optimizer, after its update). So no plan
-moves a training batch's row between its gather and its update, however many lookups of the
-table one session run holds. A training batch whose update never runs (its lookup fetched
-without the train op) stays pinned until the next update settles every released batch; the
-full-tier error says so.
+Read-ahead: the input pipeline, which processes batches ahead of the step (``prefetch``, a
+parallel map), makes the same choice for each batch early (:meth:`TierCache.prefetch`) when
+the fast tier has room for it without moving rows another batch holds, so that the step
+mostly finds its rows placed. Such a placement is only a hint: it holds its slots until the
+batch's step claims them, or until a step that lacks room takes them back (the batch is then
+placed again at its own step). So the fast tier needs room for the rows of the batches one
+step gathers (Rec SDK sizes it for two consecutive batches), never for every batch the
+pipeline reads ahead, and nothing waits for room: an evaluation iterator re-initialized with
+batches still read ahead, or a session closed while the pipeline reads ahead, leaves nothing
+that blocks.
+
+Executing plans early is safe: a plan only moves rows out of slots no batch holds and into
+slots it took from no one. A batch's slots stay pinned from its step's claim until its gather
+(an evaluation batch: :meth:`TierCache.release`) or, for a training batch, until its update
+(:meth:`TierCache.settle`, from the sparse optimizer). So no plan moves a training batch's row
+between its gather and its update, however many lookups of the table one session run holds. A
+training batch whose update never runs (its lookup fetched without the train op) stays pinned
+until the next update settles every released batch; the full-tier error says so.
 
 A row whose key was evicted may still sit in a slot; when the key processor hands the row to a
 new key, :meth:`TierCache.forget` frees its slot and bumps the row's generation, so that a
@@ -36,10 +44,14 @@ from dataclasses import dataclass
 import numpy as np
 
 POLICIES = ("lru", "lfu")
+# A batch read ahead this many sequence numbers behind a claimed one was abandoned (its
+# iterator re-initialized or its session closed): what the cache still keeps for it is dropped.
+ABANDONED_AFTER = 4096
 
 
 class CacheFullError(RuntimeError):
-    """The fast tier cannot hold the unique rows of the batches in flight."""
+    """The fast tier cannot hold the unique rows of the batches a step gathers (and those of
+    gathered training batches waiting for their update)."""
 
 
 @dataclass(frozen=True)
@@ -81,86 +93,189 @@ class TierCache:
         self.uses = np.zeros(int(rows), np.int64) if policy == "lfu" else None
         self.row_in = np.full(self.slots, -1, np.int32)      # slot -> row, -1: free
         self.last_used = np.zeros(self.slots, np.int64)      # LRU clock per slot
-        self.pins = np.zeros(self.slots, np.int32)           # batches in flight per slot
-        self._pinned: dict[int, np.ndarray] = {}             # seq -> slots it pinned
+        self.pins = np.zeros(self.slots, np.int32)           # batches holding each slot
+        self._pinned: dict[int, np.ndarray] = {}             # seq -> slots its step claimed
+        self._read_ahead: dict[int, np.ndarray] = {}         # seq -> slots placed early
         self._training: dict[int, bool] = {}                 # seq -> a training batch?
         self._released: list[int] = []                       # gathered, not yet settled
         self._clock = 0
         self._n_free = self.slots
         self._plans: deque[SwapPlan] = deque()
+        # Slots a queued plan moves a row into (not executed yet). Only a slot placed early
+        # and taken back can be emptied again before its plan runs: its row never arrived,
+        # so the queued move in is cancelled instead of writing the slot back.
+        self._entering = np.zeros(self.slots, np.bool_)
         self.lock = threading.Lock()
         self.swapped_in = 0
         self.swapped_out = 0
         self.hits = 0
 
-    def place(self, rows: np.ndarray, seq: int, training: bool = True) -> np.ndarray:
-        """Fast slots for a batch's unique rows, queueing the moves that make them resident.
+    def prefetch(self, rows: np.ndarray, seq: int, training: bool = True) -> None:
+        """The input pipeline's early placement of a batch read ahead: its rows are moved
+        into the fast tier now if there is room without moving rows that another batch holds
+        (claimed or placed early); otherwise nothing happens and its step places it. Never
+        raises for want of room.
 
         Args:
           rows: int32 ``[U]`` distinct logical rows, -1 for keys without a row.
-          seq: the batch's sequence number (its slots stay pinned until it is settled).
-          training: a training batch (its slots stay pinned after its gather, until its
-            update has run) or an evaluation one (unpinned at its gather).
+          seq: the batch's sequence number.
+          training: a training batch (its step keeps its slots pinned until its update) or an
+            evaluation one.
+        """
+        rows = np.asarray(rows, np.int32)
+        with self.lock:
+            seq = int(seq)
+            self._training[seq] = bool(training)
+            slots = self._assign(rows, take_back=False)
+            if slots is not None:
+                used = slots[rows >= 0]
+                self.pins[used] += 1
+                self._read_ahead[seq] = slots
+
+    def place(self, rows: np.ndarray, seq: int, training: bool | None = None) -> np.ndarray:
+        """The step's claim of a batch's fast slots (before its gather): the slots placed
+        early, or slots chosen now, taking back slots placed early for other batches when
+        the tier has no other room. The slots stay pinned until :meth:`release` (an
+        evaluation batch) or :meth:`settle` after release (a training batch).
+
+        Args:
+          rows: int32 ``[U]`` distinct logical rows, -1 for keys without a row.
+          seq: the batch's sequence number.
+          training: a training batch or an evaluation one; None: as the pipeline said
+            (:meth:`prefetch`), else training.
 
         Returns:
           int32 ``[U]`` slots (-1 where ``rows`` is -1).
 
         Raises:
           CacheFullError: the rows missing from the fast tier exceed its free slots plus the
-            slots no batch in flight needs; nothing changed.
+            slots no claimed batch holds; no row moved.
         """
         rows = np.asarray(rows, np.int32)
         with self.lock:
-            valid = rows >= 0
-            slots = np.full(rows.shape[0], -1, np.int32)
-            slots[valid] = self.slot_of[rows[valid]]
-            missing = np.flatnonzero(valid & (slots < 0))
-            resident = slots[valid & (slots >= 0)]
-            n = missing.shape[0]
-            # Scanning for free slots costs O(slots): only while some are free (until the
-            # tier first fills, and after forget / reset).
-            take_free = (np.flatnonzero(self.row_in < 0)[:n] if n and self._n_free
-                         else np.zeros(0, np.int64))
-            n_victims = n - take_free.shape[0]
-            victims = np.zeros(0, np.int32)
-            if n_victims:
-                candidates = self._candidates(resident)
-                if candidates.shape[0] < n_victims:
-                    raise CacheFullError(
-                        f"Table `{self.table_name}`: a batch needs {n} rows moved into the "
-                        f"fast tier, but only {take_free.shape[0] + candidates.shape[0]} of "
-                        f"its {self.slots} slots ({self.size_hint}) are free or unused by the "
-                        f"{len(self._pinned)} batches in flight. Raise the fast tier's size "
-                        f"to at least the unique keys of the batches in flight, or prefetch "
-                        f"fewer batches. (A training batch stays in flight from its placement "
-                        f"until its sparse optimizer's update: fetching a training lookup "
-                        f"without the train op keeps its batch pinned until the next update; "
-                        f"{len(self._released)} gathered batches await theirs.)")
-                victims = self._victims(candidates, n_victims)
-            out_rows = self.row_in[victims].copy()
-            self.slot_of[out_rows] = -1
-            new_slots = np.concatenate([take_free.astype(np.int32), victims])
-            self._n_free -= take_free.shape[0]
-            in_rows = rows[missing]
-            self.slot_of[in_rows] = new_slots
-            self.row_in[new_slots] = in_rows
-            slots[missing] = new_slots
-            used = slots[valid]
-            self.pins[used] += 1
-            self._pinned[int(seq)] = used
-            self._training[int(seq)] = bool(training)
-            self.last_used[used] = self._clock
-            self._clock += 1
-            if self.uses is not None:
-                self.uses[rows[valid]] += 1
-            self.hits += int(resident.shape[0])
-            self.swapped_in += int(n)
-            self.swapped_out += int(victims.shape[0])
-            if n:
-                self._plans.append(SwapPlan(out_slots=victims, out_rows=out_rows,
-                                            out_gens=self.gen[out_rows].copy(),
-                                            in_slots=new_slots, in_rows=in_rows))
+            seq = int(seq)
+            if len(self._training) > 2 * ABANDONED_AFTER:
+                self._drop_abandoned(seq - ABANDONED_AFTER)
+            if training is None:
+                training = self._training.get(seq, True)
+            # Claimed already (another gather of the batch), or placed early: its rows sit
+            # in their slots. (The batch's rows may be padded with -1 past the unique ones.)
+            early = self._read_ahead.pop(seq, None)
+            if seq in self._pinned or early is not None:
+                valid = rows >= 0
+                slots = np.full(rows.shape[0], -1, np.int32)
+                slots[valid] = self.slot_of[rows[valid]]
+                if seq in self._pinned:
+                    return slots
+                self.last_used[slots[valid]] = self._clock
+                self._clock += 1
+            else:
+                slots = self._assign(rows, take_back=True)
+                self.pins[slots[rows >= 0]] += 1
+            self._pinned[seq] = slots[slots >= 0]
+            self._training[seq] = bool(training)
             return slots
+
+    def _assign(self, rows: np.ndarray, take_back: bool) -> np.ndarray | None:
+        """Slots for ``rows``, queueing the plan that moves the missing ones in; the caller
+        pins them. Without room: None, or with ``take_back`` the slots placed early for
+        other batches are taken back (furthest ahead first) and, if that is not enough,
+        CacheFullError. The caller holds :attr:`lock`."""
+        valid = rows >= 0
+        slots = np.full(rows.shape[0], -1, np.int32)
+        slots[valid] = self.slot_of[rows[valid]]
+        missing = np.flatnonzero(valid & (slots < 0))
+        resident = slots[valid & (slots >= 0)]
+        n = missing.shape[0]
+        # Scanning for free slots costs O(slots): only while some are free (until the tier
+        # first fills, and after forget / reset).
+        take_free = (np.flatnonzero(self.row_in < 0)[:n] if n and self._n_free
+                     else np.zeros(0, np.int64))
+        n_victims = n - take_free.shape[0]
+        victims = np.zeros(0, np.int32)
+        if n_victims:
+            candidates = self._candidates(resident)
+            if candidates.shape[0] < n_victims:
+                if not take_back:
+                    return None
+                candidates = self._take_back(resident, n_victims)
+            if candidates.shape[0] < n_victims:
+                raise CacheFullError(
+                    f"Table `{self.table_name}`: a batch needs {n} rows moved into the "
+                    f"fast tier, but only {take_free.shape[0] + candidates.shape[0]} of "
+                    f"its {self.slots} slots ({self.size_hint}) are free or unused by the "
+                    f"{len(self._pinned)} batches in flight. Raise the fast tier's size "
+                    f"to at least the unique keys of the batches one step reads (batches "
+                    f"the pipeline reads ahead give their slots back). (A training batch "
+                    f"stays in flight from its gather until its sparse optimizer's update: "
+                    f"fetching a training lookup without the train op keeps its batch "
+                    f"pinned until the next update; {len(self._released)} gathered batches "
+                    f"await theirs.)")
+            victims = self._victims(candidates, n_victims)
+        out_rows = self.row_in[victims].copy()
+        self.slot_of[out_rows] = -1
+        leaving = victims
+        arriving = self._entering[victims]
+        if arriving.any():   # rows that never arrived: no write-back, and no move in
+            self._cancel_moves_in(victims[arriving])
+            leaving, out_rows = victims[~arriving], out_rows[~arriving]
+        new_slots = np.concatenate([take_free.astype(np.int32), victims])
+        self._n_free -= take_free.shape[0]
+        in_rows = rows[missing]
+        self.slot_of[in_rows] = new_slots
+        self.row_in[new_slots] = in_rows
+        slots[missing] = new_slots
+        self.last_used[slots[valid]] = self._clock
+        self._clock += 1
+        if self.uses is not None:
+            self.uses[rows[valid]] += 1
+        self.hits += int(resident.shape[0])
+        self.swapped_in += int(n)
+        self.swapped_out += int(leaving.shape[0])
+        if n:
+            self._plans.append(SwapPlan(out_slots=leaving, out_rows=out_rows,
+                                        out_gens=self.gen[out_rows].copy(),
+                                        in_slots=new_slots, in_rows=in_rows))
+            self._entering[new_slots] = True
+        return slots
+
+    def _cancel_moves_in(self, slots: np.ndarray) -> None:
+        """Drops the queued moves into ``slots`` (their rows, placed early for a batch whose
+        placement was taken back, are wanted elsewhere first). The caller holds :attr:`lock`."""
+        drop = np.zeros(self.slots, np.bool_)
+        drop[slots] = True
+        for i, plan in enumerate(self._plans):
+            keep = ~drop[plan.in_slots]
+            if not keep.all():
+                self._plans[i] = SwapPlan(plan.out_slots, plan.out_rows, plan.out_gens,
+                                          plan.in_slots[keep], plan.in_rows[keep])
+        self._entering[slots] = False
+
+    def _drop_abandoned(self, before: int) -> None:
+        """Forgets batches read ahead with a sequence number below ``before`` that no step
+        claimed (their early slots are unpinned). The caller holds :attr:`lock`."""
+        for seq in [s for s in self._training if s < before and s not in self._pinned]:
+            self._training.pop(seq)
+            slots = self._read_ahead.pop(seq, None)
+            if slots is not None:
+                self.pins[slots[slots >= 0]] -= 1
+
+    def _take_back(self, resident: np.ndarray, needed: int) -> np.ndarray:
+        """Unpins the slots placed early for other batches, the batch furthest ahead first,
+        until ``needed`` slots may be emptied; returns the candidates then. Those batches are
+        placed again at their steps. The caller holds :attr:`lock`."""
+        newest_claim = max(self._pinned, default=-1)
+        # Batches read ahead furthest from the step first (an abandoned one, from an
+        # iterator re-initialized since, is behind every claim: it goes early too).
+        order = sorted(self._read_ahead, key=lambda s: -abs(s - newest_claim))
+        candidates = self._candidates(resident)
+        for seq in order:
+            if candidates.shape[0] >= needed:
+                break
+            slots = self._read_ahead.pop(seq)
+            self.pins[slots[slots >= 0]] -= 1
+            candidates = self._candidates(resident)
+        return candidates
 
     def _candidates(self, resident: np.ndarray) -> np.ndarray:
         """Slots that may be emptied: holding a row, pinned by no batch, not one of the
@@ -216,6 +331,7 @@ class TierCache:
         with self.lock:
             plans = list(self._plans)
             self._plans.clear()
+            self._entering[:] = False   # the caller executes them before any later plan
         return plans
 
     def forget(self, rows: np.ndarray) -> np.ndarray:
@@ -239,7 +355,7 @@ class TierCache:
 
     def reset(self) -> None:
         """Empties the cache (a restore rewrote every home): every slot free, no plan, no
-        batch pinned; every row's generation bumped."""
+        batch pinned or placed early; every row's generation bumped."""
         with self.lock:
             self.slot_of[:] = -1
             self.row_in[:] = -1
@@ -249,9 +365,11 @@ class TierCache:
             if self.uses is not None:
                 self.uses[:] = 0
             self._pinned.clear()
+            self._read_ahead.clear()
             self._training.clear()
             self._released.clear()
             self._plans.clear()
+            self._entering[:] = False
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
         """(slots, rows) of every occupied slot. The caller holds :attr:`lock` and has

@@ -1,8 +1,9 @@
 """A Rec SDK Session script whose tiered table's fast tier (device rows over host rows) is
-too small for the batches in flight, for tests/test_pipeline_teardown.py: the input
-pipeline raises CacheFullError in its numpy function while a parallel map and a prefetch
-buffer hold further batches; the script ends the usual way (``finally:
-terminate_config_initializer()``) and must exit promptly with the error.
+too small for a batch, for tests/test_pipeline_teardown.py (its batches hold 1010-1019
+distinct keys, the first 1011, the second 1014): a step's gather raises CacheFullError in its
+numpy function while a parallel map and a prefetch buffer hold further batches; the script
+ends the usual way (``finally: terminate_config_initializer()``) and must exit promptly with
+the error.
 
     python -m tests.workers.full_fast_tier SLOTS
 """
