@@ -18,6 +18,10 @@ Under dynamic expansion every lookup takes the per-table path, and each training
 its table's gathered unique rows (``unique_emb``, the "local embeddings") to the collection
 ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` and their rows as int64 addresses to
 ``ASCEND_SPARSE_LOOKUP_ID_OFFSET``, once per table and batch, for the by-address optimizers.
+The same address tensors, in the same order, go to ``ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS``: Rec
+SDK's scripts read that collection under ``APPLY_GRADIENTS_STRATEGY=
+sum_same_id_gradients_and_apply`` (sum each key's gradients, then apply); the local embeddings
+here are already one per unique row, so the two strategies are the same update.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.ops import key_kernels as kk
@@ -42,11 +47,12 @@ _REC_SDK_INTERNAL_KWARGS = frozenset({"feature_spec_name_ids_dict", "multi_looku
 # Rec SDK's collections of the dynamic-expansion lookups (mx_rec.constants.constants).
 LOCAL_EMB_COLLECTION = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
 ADDRESS_COLLECTION = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
+UNIQUE_KEYS_COLLECTION = "ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS"
 
 
 def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, modify_graph=False,
                   batch=None, access_and_evict_config=None, is_grad=True,
-                  serving_default_value=None, **kwargs):
+                  serving_default_value=None, dim=None, **kwargs):
     """Looks up the embeddings of a feature spec's keys (Rec SDK ``sparse_lookup``).
 
     Args:
@@ -60,11 +66,14 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         ``iterator.get_next()``; call ``modify_graph_and_start_emb_cache()`` once the graph
         is built.
       batch: the dataset element (dict) produced through ``get_asc_insert_func``.
-      access_and_evict_config: modify-graph mode: dict of ``access_threshold``,
-        ``eviction_threshold``, ``faae_coefficient`` for this lookup's table.
-      is_grad: False stops gradients.
+      access_and_evict_config: None or a dict with some of ``access_threshold``,
+        ``eviction_threshold``, ``faae_coefficient``. Modify-graph mode: this lookup's
+        table's settings. FeatureSpec mode: the FeatureSpec sets them (as in Rec SDK); a
+        value given here must equal the spec's.
+      is_grad: False: this lookup adds no gradient (other lookups of the table still do).
       serving_default_value: a tensor broadcastable to ``[dim]`` read by keys that own no row
-        (unadmitted or unknown); default zeros.
+        (unadmitted or unknown), in training and evaluation; default zeros.
+      dim: None (Rec SDK's scripts pass it), or the table's dim (int or 1-D TensorShape).
       **kwargs: only Rec SDK's internal ``feature_spec_name_ids_dict``, ``multi_lookup`` and
         ``lookup_ids`` (ignored); anything else raises TypeError.
 
@@ -73,11 +82,13 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
       ``init(use_dynamic_expansion=True)`` a lookup with ``is_train=True`` also adds, once per
       table and batch, the table's gathered unique rows (float32 ``[U, dim]``) to the graph
       collection ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` and their addresses (int64 ``[U]``) to
-      ``ASCEND_SPARSE_LOOKUP_ID_OFFSET``, in the same order: differentiate the loss w.r.t.
-      the former and pass ``zip(grads, addresses)`` to a by-address optimizer.
+      ``ASCEND_SPARSE_LOOKUP_ID_OFFSET`` (and ``ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS``), in the
+      same order: differentiate the loss w.r.t. the former and pass ``zip(grads,
+      addresses)`` to a by-address optimizer.
 
     Raises:
-      NotInitializedError, TypeError, ValueError: see the argument descriptions.
+      NotInitializedError, TypeError, ValueError: see the argument descriptions; in
+        FeatureSpec mode, ``access_and_evict_config`` differs from the FeatureSpec.
     """
     rt = _runtime.current("sparse_lookup")
     unknown = sorted(set(kwargs) - _REC_SDK_INTERNAL_KWARGS)
@@ -91,6 +102,13 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     check_bool("modify_graph", modify_graph)
     if send_count is not None:
         send_count = check_int("send_count", send_count, 1, INT32_MAX)
+    lookup_args.check_dim(hashtable, dim)
+    access_and_evict_config = lookup_args.check_access_and_evict_config(access_and_evict_config)
+    serving_default_value = lookup_args.check_serving_default_value(hashtable,
+                                                                    serving_default_value)
+    if not rt.config.use_dynamic and send_count is None:
+        fail("send_count", "an int in [1, 2147483647] when init(use_dynamic=False)",
+             send_count)
     if isinstance(ids, tf.Tensor) and not modify_graph:
         fail("modify_graph", "True when `ids` is a tensor (automatic graph modification); "
              "otherwise pass a FeatureSpec", modify_graph)
@@ -98,29 +116,22 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         if not isinstance(ids, tf.Tensor):
             fail("ids", "a tensor from iterator.get_next() when modify_graph=True", ids,
                  TypeError)
-        if access_and_evict_config is not None and not isinstance(access_and_evict_config,
-                                                                  dict):
-            fail("access_and_evict_config", "None or a dict with access_threshold, "
-                 "eviction_threshold, faae_coefficient", access_and_evict_config, TypeError)
         from sparseflow.pipeline.graph_modifier import register_lookup
-        rows, restore, seq = register_lookup(hashtable, ids, is_train, access_and_evict_config)
+        rows, restore, seq = register_lookup(hashtable, ids, is_train, access_and_evict_config,
+                                             None if rt.config.use_dynamic else send_count)
         return _lookup(hashtable, rows, restore, seq, ids, name, is_train and is_grad,
                        serving_default_value, is_train)
     if not isinstance(ids, FeatureSpec):
         fail("ids", "a FeatureSpec", ids, TypeError)
-    if access_and_evict_config is not None:
-        fail("access_and_evict_config", "None outside modify-graph mode (set thresholds on the "
-             "FeatureSpec)", access_and_evict_config)
     if ids.table_name != hashtable.table_name:
         raise ValueError(f"FeatureSpec `{ids.name}` has `table_name`={ids.table_name!r}, but "
                          f"sparse_lookup was given table {hashtable.table_name!r}: a FeatureSpec "
                          f"is looked up in the table its `table_name` names. Pass the table "
                          f"{ids.table_name!r}, or build the FeatureSpec with "
                          f"table_name={hashtable.table_name!r}.")
+    if access_and_evict_config is not None:
+        lookup_args.check_config_matches_spec(access_and_evict_config, ids)
     if not rt.config.use_dynamic:
-        if send_count is None:
-            fail("send_count", "an int in [1, 2147483647] when init(use_dynamic=False)",
-                 send_count)
         hashtable.send_counts[ids.unique_name] = send_count
     if not isinstance(batch, dict):
         fail("batch", "the dict produced by dataset.map(get_asc_insert_func(...)) then "
@@ -136,8 +147,10 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     id_tensor = batch[ids.index_key]
     # Dynamic expansion takes the per-table path: its gathered unique rows are the local
     # embeddings the by-address optimizers are given gradients of.
-    # Device tables take the per-table path too: their rows are gathered by TF ops.
-    if serving_default_value is None and not hashtable.expands and hashtable.rows_on == "host":
+    # Device tables take the per-table path too: their rows are gathered by TF ops. So do
+    # tiered tables: their gather claims fast slots, which their gradient is over.
+    if (serving_default_value is None and not hashtable.expands
+            and hashtable.rows_on == "host" and hashtable.tiers is None):
         flat_emb = _batch_embeddings(batch, batch_plan(batch, hashtable.table_name)).get(
             ids.unique_name)
         if flat_emb is not None:
@@ -160,7 +173,7 @@ def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_defau
         if is_train and table.expands:
             _add_local_embeddings(table, rows, unique_emb)
         if serving_default_value is not None:
-            default = tf.broadcast_to(tf.cast(serving_default_value, tf.float32), [table.dim])
+            default = tf.broadcast_to(serving_default_value, [table.dim])
             unique_emb = tf.where(tf.expand_dims(rows >= 0, 1), unique_emb,
                                   tf.expand_dims(default, 0))
         if not with_grad:
@@ -194,6 +207,8 @@ def _add_local_embeddings(table: SparseTable, rows: tf.Tensor, unique_emb: tf.Te
     graph_cache(rows.graph, "addresses")[address.name] = (table, unique_emb)
     tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, unique_emb)
     tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, address)
+    # The local embeddings are unique rows already: summing "same id" gradients is a no-op.
+    tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, address)
 
 
 def address_owner(address) -> tuple[SparseTable, tf.Tensor] | None:
@@ -204,31 +219,50 @@ def address_owner(address) -> tuple[SparseTable, tf.Tensor] | None:
     return graph_cache(address.graph, "addresses").get(address.name)
 
 
+def local_embedding_address(local_emb) -> tf.Tensor | None:
+    """The address tensor (``ASCEND_SPARSE_LOOKUP_ID_OFFSET``) of a local embedding from
+    ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB``, or None when ``local_emb`` is no such tensor."""
+    if not isinstance(local_emb, tf.Tensor) or not hasattr(local_emb, "graph"):
+        return None
+    for address in graph_cache(local_emb.graph, "local_embeddings").values():
+        if address_owner(address)[1] is local_emb:
+            return address
+    return None
+
+
 def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
+    """The unique rows of a host table's batch. A table over a disk tier first claims the
+    batch's fast slots (placing the rows now unless the pipeline placed them early) and runs
+    the queued moves; its gradient is over those slots, where the optimizer updates them."""
     dim = table.dim
     capacity = table.capacity()
+    tiers = table.tiers
 
     @tf.autograph.experimental.do_not_convert
     def gather_and_release(rows, seq):
-        if table.tiers is not None:  # disk tier: the rows queued batches need, into memory
-            table.tiers.swap_host(table.rows.allocate())
-        values = table.rows.gather(rows)
+        slots = rows
+        if tiers is not None:
+            slots = tiers.place(rows, int(seq))
+            tiers.swap_host(table.rows.allocate())
+        values = table.rows.gather(slots)
         # The batch's rows are read. With an optimizer bound, evicted rows are freed only
         # after its update has run (it calls drain), so no late update lands on a reused row.
         table.release_batch(int(seq), drain=table.rows.optimizer is None)
-        return values
+        return values, np.asarray(slots, np.int32)
 
     @tf.custom_gradient
     def gather(anchor, rows):
         del anchor  # only carries the gradient to the table
-        values = tf.numpy_function(gather_and_release, [rows, seq], tf.float32, stateful=True,
-                                   name=f"sparseflow_gather_{table.table_name}")
+        values, slots = tf.numpy_function(gather_and_release, [rows, seq],
+                                          [tf.float32, tf.int32], stateful=True,
+                                          name=f"sparseflow_gather_{table.table_name}")
         values.set_shape(rows.shape.concatenate([dim]))
+        slots.set_shape(rows.shape)
 
         def grad(dy):
             if isinstance(dy, tf.IndexedSlices):
                 dy = tf.math.unsorted_segment_sum(dy.values, dy.indices, tf.shape(rows)[0])
-            slices = tf.IndexedSlices(dy, rows, tf.constant([capacity, dim], tf.int64))
+            slices = tf.IndexedSlices(dy, slots, tf.constant([capacity, dim], tf.int64))
             return slices, None
 
         return values, grad
@@ -249,10 +283,11 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
     device_rows = store.rows_in(rows.graph)
     dim = table.dim
     if table.tiers is not None:
-        gathered = _tiered_device_gather(table, device_rows, rows, seq)
+        gathered, rows = _tiered_device_gather(table, device_rows, rows, seq)
     else:
         gathered = _pending_device_gather(table, device_rows, rows, seq)
-    # The optimizer needs no dedup for these rows: the batch's unique rows.
+    # The optimizer needs no dedup for these rows (or a tiered table's fast slots): the
+    # batch's unique rows.
     graph_cache(rows.graph, "device_unique_rows")[rows.name] = table.table_name
     capacity = table.capacity()
 
@@ -276,20 +311,29 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
 
 
 def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
-                          seq: tf.Tensor) -> tf.Tensor:
-    """A device table over a host tier: the swaps queued by the batches placed so far (this
-    one's included) run, then the gather reads the batch's slots, then the batch is released
-    (its slots stay pinned until its update has run)."""
+                          seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """A device table over a host tier: the batch claims its fast slots (placed now unless
+    the pipeline placed them early), the queued swaps (this one's included) run, then the
+    gather reads the batch's slots, then the batch is released (its slots stay pinned until
+    its update has run). Returns (the gathered rows, the slots)."""
     tiers = table.tiers
-    # The swaps wait for the batch (its rows placed, their swaps queued): through its seq,
-    # by an identity made now, so that a modify-graph rewire of the seq placeholder reaches
-    # swaps built later (once the slot layout is fixed).
+
+    @tf.autograph.experimental.do_not_convert
+    def claim(rows, seq):
+        return tiers.place(rows, int(seq))
+
+    # Built now on the rows and seq (placeholders in modify-graph mode, rewired later).
+    slots = tf.numpy_function(claim, [rows, seq], tf.int32, stateful=True,
+                              name=f"sparseflow_claim_{table.table_name}")
+    slots.set_shape(rows.shape)
+    # The swaps wait for the claim (its swaps queued), through an identity made now: swaps
+    # built later (once the slot layout is fixed) depend on it.
     # Exclusive: the swaps of two lookups of the table in one run must not interleave (one's
     # swap in of a row would read its home before the other's write-back of it).
-    after = tf.identity(seq)
+    after = tf.identity(slots)
     gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
         lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
-    gathered = device_rows.gather(_after(gate, rows))
+    gathered = device_rows.gather(_after(gate, slots))
 
     @tf.autograph.experimental.do_not_convert
     def release(seq):
@@ -300,7 +344,7 @@ def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
         released = tf.numpy_function(release, [seq], tf.int64, stateful=True,
                                      name=f"sparseflow_release_{table.table_name}")
     with tf.control_dependencies([released]):
-        return tf.identity(gathered)
+        return tf.identity(gathered), slots
 
 
 def _pending_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
@@ -379,9 +423,10 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     rt = _runtime.current("sparse_lookup")
     flat, sizes = batch[plan.flat_key], batch[plan.sizes_key]
     parts = batch_parts(batch, plan)
-    # Device tables are gathered by TF ops on their own (_device_gather).
-    tables = [rt.tables[n] for n in plan.tables
-              if n in rt.tables and rt.tables[n].rows_on == "host"]
+    # Device tables are gathered by TF ops on their own (_device_gather), tiered tables on
+    # their own too (their gather claims fast slots, _host_gather).
+    tables = [t for t in (rt.tables.get(n) for n in plan.tables)
+              if t is not None and t.rows_on == "host" and t.tiers is None]
     if not tables:
         return {}
     # Per distinct dim, one output: (table, its rows' part, [(spec, its restore part)]).
@@ -408,8 +453,6 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             for table, w, specs in members:
                 rows = flat[starts[w]:ends[w]]
                 storage = table.rows.allocate()
-                if table.tiers is not None:  # disk tier: queued batches' rows into memory
-                    table.tiers.swap_host(storage)
                 for _, r in specs:
                     n = int(part_sizes[r])
                     kk.expand_rows(storage, rows, flat[starts[r]:ends[r]], dim, out[at:at + n])

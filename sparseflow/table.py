@@ -93,7 +93,7 @@ class SparseTable:
                                           tiers.initialize if tiers else self.rows.initialize,
                                           capacity_hint=min(table_config.capacity, 1 << 20),
                                           sketch=sketch,
-                                          place_rows=tiers.place if tiers else None)
+                                          prefetch_rows=tiers.prefetch if tiers else None)
         self.access_threshold = -1   # -1: off (set from the training feature specs)
         self.eviction_threshold = -1
         self._thresholds: tuple[int, int] | None = None
@@ -263,6 +263,38 @@ class SparseTable:
                 f"{self._thresholds[1]}: the access and evict threshold param must be same "
                 f"in one table when multi lookup.")
 
+    def bind_optimizer(self, optimizer) -> None:
+        """Makes ``optimizer`` the sparse optimizer that updates this table: every row gets
+        its slots (``create_table(optimizer_list=...)``, or its ``apply_gradients``).
+
+        ``start_asc_pipeline()`` lays the rows out; until a key is given a row (the first
+        training batch drawn, or a restore), binding lays them out again with the slots, so
+        that the optimizer may be built after the pipeline starts (Rec SDK's order). A
+        device table over a host tier must bind before ``start_asc_pipeline()`` (its swaps
+        are built for one layout).
+
+        Raises:
+          ValueError: another optimizer is bound, or the table already holds rows without
+            this optimizer's slots.
+        """
+        rows = self.rows
+        if rows.optimizer is optimizer:
+            return
+        tiered_device = self.rows_on == "device" and self.tiers is not None
+        if (tiered_device and rows.optimizer is None and rows.device_rows is not None
+                and rows.device_rows.io_built):
+            raise ValueError(
+                f"Table `{self.table_name}` keeps device rows over a host tier, whose swaps "
+                f"start_asc_pipeline() built without optimizer slots: pass the optimizer to "
+                f"create_table(optimizer_list=[...]) or build its apply_gradients before "
+                f"start_asc_pipeline().")
+        with self.processor.lock:   # no key is given a row while the layout changes
+            holds_no_row = (rows.optimizer is None and self.processor.rows_ever_used == 0
+                            and not tiered_device)
+            rows.bind_optimizer(optimizer, holds_no_row=holds_no_row)
+            if holds_no_row and self.tiers is not None:
+                self.tiers.close()   # the homes are made again, as wide as the new rows
+
     def gradient_anchor(self) -> tf.Tensor:
         """The tensor that stands for this table in the current graph for ``tf.gradients``."""
         graph = tf.compat.v1.get_default_graph()
@@ -399,9 +431,31 @@ def _default_seed(name: str) -> int:
     return (zlib.crc32(name.encode()) * 1_000_003 + int(graph_seed)) % (2**63)
 
 
+def _optimizer_list(optimizer_list) -> list:
+    """``create_table``'s ``optimizer_list`` (None, a sparse optimizer or a list of them, as
+    Rec SDK takes it) as a list of distinct optimizers, at most one."""
+    from sparseflow.optimizers.base import SparseOptimizer
+
+    if optimizer_list is None:
+        return []
+    items = list(optimizer_list) if isinstance(optimizer_list, (list, tuple)) else \
+        [optimizer_list]
+    for item in items:
+        if not isinstance(item, SparseOptimizer):
+            fail("optimizer_list", "None, a sparse optimizer (create_hash_optimizer...) or a "
+                 "list of sparse optimizers", [type(i).__name__ for i in items], TypeError)
+    distinct = list({id(item): item for item in items}.values())
+    if len(distinct) > 1:
+        fail("optimizer_list", "a list of at most one sparse optimizer: sparseflow keeps one "
+             "sparse optimizer per table (its slots live in the table's rows)",
+             [item.name for item in distinct])
+    return distinct
+
+
 def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1,
                  host_vocabulary_size=0, ssd_vocabulary_size=0, ssd_data_path=None,
-                 is_save=True, init_param=1.0, value_dtype=None, **kwargs) -> SparseTable:
+                 is_save=True, init_param=1.0, value_dtype=None, optimizer_list=None,
+                 **kwargs) -> SparseTable:
     """Creates a sparse table (Rec SDK ``create_table``).
 
     Args:
@@ -426,6 +480,9 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
       is_save: whether checkpoints include the table.
       init_param: multiplies the initializer's values, in [-10, 10].
       value_dtype: float32 only.
+      optimizer_list: None, a sparse optimizer, or a list holding one (Rec SDK's argument):
+        the optimizer that updates the table, bound now (its slots are part of every row),
+        as ``apply_gradients`` would bind it.
       **kwargs: Rec SDK's distribution options, accepted for compatibility; and sparseflow's
         ``admission_counter``: "exact" (default: not-yet-admitted keys are counted exactly in
         the key index, whose memory grows with them) or "sketch" (they are counted in a
@@ -455,9 +512,11 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
       NotInitializedError: ``init`` was not called.
       RuntimeError: the pipeline has already started.
       TypeError, ValueError: an argument is invalid, or the name is taken; ``rows_on="device"``
-        under ``init(use_dynamic_expansion=True)`` or with ``ssd_vocabulary_size > 0``.
+        under ``init(use_dynamic_expansion=True)`` or with ``ssd_vocabulary_size > 0``;
+        ``optimizer_list`` holds something else than sparse optimizers, or several.
     """
     rt = _runtime.current("create_table")
+    optimizers = _optimizer_list(optimizer_list)
     block_rows = kwargs.pop("expansion_block_rows", None)
     rows_on = kwargs.pop("rows_on", None)
     if rows_on is not None and (not isinstance(rows_on, str) or rows_on not in ROWS_ON):
@@ -507,6 +566,8 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                              f"Received: {table_config.name!r}")
         table = SparseTable(table_config, _default_seed(table_config.name), block_rows,
                             rows_on)
+        for optimizer in optimizers:
+            table.bind_optimizer(optimizer)
         rt.tables[table_config.name] = table
     # Rec SDK's collection of sparse tables (what get_dense_and_sparse_variable returns).
     tf.compat.v1.add_to_collection(HASHTABLE_COLLECTION, table)

@@ -72,7 +72,9 @@ def test_sparse_lookup_argument_errors(sf_init):
         sf.sparse_lookup(table, tf.zeros([2], tf.int64), modify_graph=True)
     with pytest.raises(TypeError, match=r"unexpected keyword argument `serving_defualt_value`"):
         sf.sparse_lookup(table, spec, batch=batch, serving_defualt_value=1.0)
-    with pytest.raises(ValueError, match=r"`access_and_evict_config` must be None"):
+    with pytest.raises(ValueError, match=r"`access_and_evict_config` must be a dict with keys "
+                                         r"access_threshold, eviction_threshold, "
+                                         r"faae_coefficient only\. Received: \['a'\]"):
         sf.sparse_lookup(table, spec, batch=batch, access_and_evict_config={"a": 1})
 
 

@@ -18,7 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow import runtime as _runtime
-from sparseflow.validation import fail
+from sparseflow.validation import check_one_of, fail
+
+# tf.compat.v1.train.Optimizer's gate_gradients values.
+GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 
 
 class SparseOptimizer:
@@ -95,6 +98,41 @@ class SparseOptimizer:
         step.set_shape([])
         return step
 
+    def compute_gradients(self, loss, var_list=None, gate_gradients=GATE_OP,
+                          aggregation_method=None, colocate_gradients_with_ops=False,
+                          grad_loss=None) -> list:
+        """The gradients of ``loss`` as (gradient, table) pairs for :meth:`apply_gradients`,
+        as ``tf.compat.v1.train.Optimizer.compute_gradients`` pairs them with variables.
+
+        Args:
+          loss: a scalar float tensor.
+          var_list: the tables (``get_dense_and_sparse_variable()[1]``); default every table
+            of the current ``init()``.
+          gate_gradients, aggregation_method, colocate_gradients_with_ops, grad_loss: as for
+            TF's optimizers (``gate_gradients`` 0, 1 or 2; ``grad_loss``, the gradient of
+            ``loss`` itself, scales every gradient).
+
+        Returns:
+          list of ``(gradient, table)``: the gradient an ``IndexedSlices`` over the table's
+          rows, or None where ``loss`` does not depend on the table.
+
+        Raises:
+          TypeError: an element of ``var_list`` is not a sparseflow table.
+          ValueError: ``gate_gradients`` is not 0, 1 or 2.
+        """
+        from sparseflow.table import SparseTable
+
+        if var_list is None:
+            var_list = list(_runtime.current("compute_gradients").tables.values())
+        var_list = list(var_list)
+        for var in var_list:
+            if not isinstance(var, SparseTable):
+                fail("var_list", "sparseflow tables (get_dense_and_sparse_variable()[1]); "
+                     "dense variables go to a dense TF optimizer", var, TypeError)
+        grads = gradients_of(loss, var_list, gate_gradients, aggregation_method,
+                             colocate_gradients_with_ops, grad_loss)
+        return list(zip(grads, var_list))
+
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> tf.Operation:
         """Builds the op that applies each table's gradient to the rows it touches.
 
@@ -133,7 +171,7 @@ class SparseOptimizer:
                     f"Optimizer `{self.name}` ({type(self).__name__}) has no update for device "
                     f"rows, and table `{table.table_name}` was created with rows_on=\"device\": "
                     f"create it with rows_on=\"host\".")
-            table.rows.bind_optimizer(self)
+            table.bind_optimizer(self)
             (device_pairs if table.rows_on == "device" else pairs).append((grad, table))
         if not pairs and not device_pairs:
             raise_no_gradients(without_gradient, "table")
@@ -221,6 +259,26 @@ class SparseOptimizer:
     def _update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray,
                 step: int) -> None:
         raise NotImplementedError
+
+
+def gradients_of(loss, xs: list, gate_gradients, aggregation_method,
+                 colocate_gradients_with_ops, grad_loss) -> list:
+    """``tf.compat.v1.gradients(loss, xs)`` with TF optimizers' ``compute_gradients`` options
+    (``GATE_GRAPH``: no gradient is usable before every one is computed).
+
+    Raises:
+      ValueError: ``gate_gradients`` is not 0, 1 or 2.
+    """
+    check_one_of("gate_gradients", gate_gradients, (GATE_NONE, GATE_OP, GATE_GRAPH))
+    grads = tf.compat.v1.gradients(
+        loss, xs, grad_ys=grad_loss, gate_gradients=gate_gradients == GATE_OP,
+        aggregation_method=aggregation_method,
+        colocate_gradients_with_ops=colocate_gradients_with_ops)
+    if gate_gradients == GATE_GRAPH:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        for i, g in zip(present, tf.tuple([grads[i] for i in present])):
+            grads[i] = g
+    return grads
 
 
 def raise_no_gradients(without_gradient: list, kind: str) -> None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.optimizers.base import SparseOptimizer, raise_no_gradients
+from sparseflow.optimizers.base import (GATE_OP, SparseOptimizer, gradients_of,
+                                        raise_no_gradients)
 from sparseflow.validation import fail
 
 _PAIRS = ("pairs (gradient, address) with the addresses from the "
@@ -36,6 +37,43 @@ class ByAddressOptimizer(SparseOptimizer):
     (``class LazyAdamByAddress(ByAddressOptimizer, LazyAdam)``)."""
 
     by_address = True
+
+    def compute_gradients(self, loss, var_list=None, gate_gradients=GATE_OP,
+                          aggregation_method=None, colocate_gradients_with_ops=False,
+                          grad_loss=None) -> list:
+        """The gradients of ``loss`` w.r.t. local embeddings, paired with their addresses for
+        :meth:`apply_gradients` (DCNv2-style scripts call it with the
+        ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB`` tensors).
+
+        Args:
+          loss: a scalar float tensor.
+          var_list: local embeddings from ``ASCEND_SPARSE_LOOKUP_LOCAL_EMB``; default that
+            collection of ``loss``'s graph.
+          gate_gradients, aggregation_method, colocate_gradients_with_ops, grad_loss: as for
+            TF's optimizers.
+
+        Returns:
+          list of ``(gradient, address)``: the gradient (float32 ``[U, dim]``, or None), the
+          int64 address tensor of the same lookup (``ASCEND_SPARSE_LOOKUP_ID_OFFSET``).
+
+        Raises:
+          TypeError: an element of ``var_list`` is no local embedding of a training lookup.
+          ValueError: ``gate_gradients`` is not 0, 1 or 2.
+        """
+        from sparseflow.lookup import LOCAL_EMB_COLLECTION, local_embedding_address
+
+        if var_list is None:
+            var_list = loss.graph.get_collection(LOCAL_EMB_COLLECTION)
+        var_list = list(var_list)
+        addresses = [local_embedding_address(v) for v in var_list]
+        for var, address in zip(var_list, addresses):
+            if address is None:
+                fail("var_list", "local embeddings from the ASCEND_SPARSE_LOOKUP_LOCAL_EMB "
+                     "collection (training lookups under dynamic expansion)",
+                     getattr(var, "name", var), TypeError)
+        grads = gradients_of(loss, var_list, gate_gradients, aggregation_method,
+                             colocate_gradients_with_ops, grad_loss)
+        return list(zip(grads, addresses))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> tf.Operation:
         """Builds the op that applies each gradient to the rows its address names.
@@ -82,7 +120,7 @@ class ByAddressOptimizer(SparseOptimizer):
                 without_gradient.append(table.table_name)
                 continue
             values = self._dense_gradient(grad, address, table)
-            table.rows.bind_optimizer(self)
+            table.bind_optimizer(self)
             groups.setdefault(table.table_name, (table, []))[1].append((address, values))
             gathers.append(local_emb)
         if not groups:

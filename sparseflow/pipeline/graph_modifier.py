@@ -14,10 +14,11 @@ finds the dataset behind its ``IteratorGetNext`` (the iterator's ``MakeIterator`
 variant tensor; ``tf.data.experimental.from_variant`` gives it back), maps the key processing
 over it (the same insert function as FeatureSpec mode, one spec per lookup), makes a new
 iterator, and points every consumer of the old ``get_next`` outputs and of the placeholders at
-the new iterator's outputs. ``get_initializer(is_training)`` returns the new initializers —
-also for one-shot iterators (whose ``dataset_factory`` function rebuilds the dataset): the
-rewritten iterator is initializable, and ``sess.run(get_initializer(True))`` starts it, as in
-Rec SDK's documented flow.
+the new iterator's outputs. The new iterator is of the user's kind: initializable, started by
+``sess.run(get_initializer(is_training))`` as in Rec SDK's documented flow; or one-shot (its
+``dataset_factory`` function rebuilds the dataset), which starts itself at its first
+``get_next`` as the user's would have (little_demo with ``USE_ONE_SHOT=1`` runs no
+initializer), ``get_initializer`` then returning a no-op.
 """
 
 from __future__ import annotations
@@ -35,10 +36,41 @@ _counter = itertools.count()
 TIMESTAMP_COLLECTION = "ASCEND_TIMESTAMP"
 
 
-def call_graph_function(graph: tf.Graph, name: str, node_name: str) -> tf.Tensor:
-    """Calls the graph-library function ``name`` (no arguments) and returns its first output
-    (TF's private Graph._get_function, wrapped here like update_input)."""
-    return graph._get_function(name)(name=node_name)  # noqa: SLF001
+def graph_function(graph: tf.Graph, name: str):
+    """The graph-library function ``name`` of ``graph``, callable (with no arguments) in any
+    graph (TF's private Graph._get_function, wrapped here like update_input)."""
+    return graph._get_function(name)  # noqa: SLF001
+
+
+def one_shot_iterator(graph: tf.Graph, factory_name: str, build):
+    """A one-shot iterator over ``build(variant)`` (a dataset), ``variant`` being the dataset
+    that the graph-library function ``factory_name`` (a one-shot iterator's
+    ``dataset_factory``) makes.
+
+    TF's ``make_one_shot_iterator`` copies the ops that make a dataset into a new factory
+    function, which cannot copy a call of another graph function; so the new factory calls
+    the old one itself.
+    """
+    made = {}
+    old_factory = graph_function(graph, factory_name)
+
+    @tf.function(autograph=False)
+    def factory():
+        made["dataset"] = build(old_factory(name="dataset_factory"))
+        return tf.data.experimental.to_variant(made["dataset"])
+
+    with graph.as_default():
+        concrete = factory.get_concrete_function()
+        concrete.add_to_graph(graph)
+        dataset = made["dataset"]
+        flat = tf.nest.flatten(dataset.element_spec)
+        handle = tf.raw_ops.OneShotIterator(
+            dataset_factory=concrete, output_types=[s.dtype for s in flat],
+            output_shapes=[s.shape for s in flat])
+        return tf.compat.v1.data.Iterator(
+            handle, None, tf.compat.v1.data.get_output_types(dataset),
+            tf.compat.v1.data.get_output_shapes(dataset),
+            tf.compat.v1.data.get_output_classes(dataset))
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
@@ -75,8 +107,11 @@ def _state() -> ModifyState:
     return rt.modify
 
 
-def register_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | None):
+def register_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | None,
+                    send_count: int | None = None):
     """Registers a raw-ids lookup; returns the (rows, restore, seq) placeholders it reads.
+    ``send_count`` (``init(use_dynamic=False)``) is recorded for the lookup's spec: the
+    table's unique keys per batch are padded to the sum over its lookups.
 
     Raises:
       ValueError: ``ids`` does not come from an ``IteratorGetNext``, or is not int32/int64.
@@ -94,6 +129,8 @@ def register_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | No
                        access_threshold=thresholds.get("access_threshold"),
                        eviction_threshold=thresholds.get("eviction_threshold"),
                        faae_coefficient=thresholds.get("faae_coefficient", 1))
+    if send_count is not None:
+        table.send_counts[spec.unique_name] = send_count
     key = (ids.op.name, table.table_name, is_train)
     if key not in state.placeholders:
         state.placeholders[key] = (
@@ -154,19 +191,16 @@ def modify_graph_and_start_emb_cache(full_graph=None, dump_graph=False) -> None:
 def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState) -> None:
     makers = [c for c in get_next.inputs[0].consumers() if c.type == "MakeIterator"]
     source = get_next.inputs[0].op
+    one_shot = not makers and source.type == "OneShotIterator"
     if makers:  # initializable iterator: MakeIterator takes the dataset variant
         variant = makers[0].inputs[0]
-    elif source.type == "OneShotIterator":  # its dataset_factory function builds the dataset
-        variant = call_graph_function(get_next.graph, source.get_attr("dataset_factory").name,
-                                      f"{source.name.replace('/', '_')}_dataset")
-    else:
+    elif not one_shot:
         raise ValueError(f"Iterator behind {get_next.name} ({source.type}) is neither "
                          f"initializable nor one-shot: automatic graph modification needs "
                          f"tf.compat.v1.data.make_initializable_iterator or "
                          f"make_one_shot_iterator.")
     outputs = list(get_next.outputs)
     spec = tuple(tf.TensorSpec(t.shape, t.dtype) for t in outputs)
-    dataset = tf.data.experimental.from_variant(variant, spec)
     specs = [lk.spec for lk in lookups]
     # Rec SDK's modify-graph timestamp: a get_next output added to the ASCEND_TIMESTAMP
     # collection.
@@ -185,7 +219,14 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
         out = insert({str(i): t for i, t in enumerate(flat)})
         return flat + (out[plan.flat_key], out[plan.sizes_key])
 
-    iterator = tf.compat.v1.data.make_initializable_iterator(dataset.map(add_rows))
+    def with_rows(variant):
+        return tf.data.experimental.from_variant(variant, spec).map(add_rows)
+
+    if one_shot:  # its dataset_factory function builds the dataset
+        iterator = one_shot_iterator(get_next.graph, source.get_attr("dataset_factory").name,
+                                     with_rows)
+    else:
+        iterator = tf.compat.v1.data.make_initializable_iterator(with_rows(variant))
     new = iterator.get_next()
     batch = {str(i): t for i, t in enumerate(new[:len(outputs)])}
     batch[plan.flat_key], batch[plan.sizes_key] = new[-2], new[-1]
@@ -199,11 +240,14 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
             _rewire(lookup.seq, _insert.batch_seq(batch, table))
             done.add((table, lookup.rows.name))
         _rewire(lookup.restore, _insert.batch_restore(batch, lookup.spec))
-    state.initializers[is_train] = iterator.initializer
+    # A one-shot iterator starts itself; a no-op keeps sess.run(get_initializer(...)) valid.
+    state.initializers[is_train] = (tf.no_op(name="one_shot_iterator_starts_itself")
+                                    if one_shot else iterator.initializer)
 
 
 def get_initializer(is_training: bool) -> tf.Operation:
-    """The new iterator initializer for the training (True) or eval (False) channel.
+    """The new iterator initializer for the training (True) or eval (False) channel: a
+    no-op when the user's iterator (hence the rewritten one) is one-shot.
 
     Raises:
       RuntimeError: ``modify_graph_and_start_emb_cache()`` has not run, or built no iterator
