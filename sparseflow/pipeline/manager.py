@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparseflow import runtime as _runtime
+from sparseflow.pipeline import exit_sessions
 
 
 def start_asc_pipeline() -> None:
@@ -63,6 +64,9 @@ def start_asc_pipeline() -> None:
         for table in rt.tables.values():
             table.prepare()
         rt.pipeline_started = True
+    # A session left alive to the end must not be deleted during interpreter finalization,
+    # where the pipeline's threads can no longer finish (exit_sessions.py).
+    exit_sessions.install()
 
 
 def get_dense_and_sparse_variable():
