@@ -6,7 +6,7 @@ import types
 
 import tensorflow as tf
 
-from mx_rec import _dataset
+from mx_rec import _dataset, _tf_optimizer
 from mx_rec.util.log import logger
 
 _installed = False
@@ -112,4 +112,5 @@ def install() -> None:
     # After the tf-keras import above, which repopulates tf.compat.v1's names.
     tf.compat.v1.Session = _Session
     _dataset.install()
+    _tf_optimizer.install()
     _installed = True
