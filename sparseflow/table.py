@@ -144,12 +144,19 @@ class SparseTable:
 
     def size(self) -> int:
         """Keys that currently own a row."""
-        return self.processor.size
+        # Under the key processor's lock: a batch counts its new keys, then (under dynamic
+        # expansion) grows the rows for them, both while holding it.
+        with self.processor.lock:
+            return self.processor.size
 
     def capacity(self) -> int:
         """Rows the table can hold (device + host vocabulary size); under dynamic expansion,
-        the rows allocated so far (Rec SDK's "allocated rows"), which grow as keys arrive."""
-        return self.rows.capacity if self.expands else self.processor.row_limit
+        the rows allocated so far (Rec SDK's "allocated rows"), which grow as keys arrive:
+        never fewer than :meth:`size` read before."""
+        if not self.expands:
+            return self.processor.row_limit
+        with self.processor.lock:
+            return self.rows.capacity
 
     def stats(self) -> dict:
         """Table statistics, at any time.
@@ -175,7 +182,8 @@ class SparseTable:
             stats = {"keys_held": p.size, "rows_free": rows_free,
                      "rows_waiting": p.rows_waiting,
                      "keys_counted_not_admitted": p.keys_counted, "evictions": p.evictions,
-                     "keys_evicted": p.keys_evicted, "capacity": self.capacity(),
+                     "keys_evicted": p.keys_evicted,
+                     "capacity": self.rows.capacity if self.expands else p.row_limit,
                      "clock": None if p.clock == np.int64(-(2**63)) else int(p.clock)}
         if self.tiers is not None:
             stats.update(self.tiers.stats())

@@ -509,3 +509,34 @@ def test_eviction_frees_rows_that_new_keys_reuse(graph):
     np.testing.assert_array_equal(e, 1.0)  # with fresh initial values
     stats = table.stats()
     assert stats["capacity"] == 8 and stats["keys_held"] == 8 and stats["keys_evicted"] == 4
+
+
+def test_size_never_exceeds_capacity_while_the_pipeline_grows_the_table(graph):
+    """size() then capacity(), read while another thread admits keys (the pipeline reading
+    ahead, as little_demo's per-step log does): the capacity read second is never below the
+    size read first. The key count and the grown rows change together, under the key
+    processor's lock; reading either without it could catch keys counted before their rows
+    were grown."""
+    sf.init(use_dynamic_expansion=True)
+    table = sf.create_table(tf.int64, 64, "t", tf.compat.v1.ones_initializer(),
+                            expansion_block_rows=1)
+    sf.start_asc_pipeline()
+    done = threading.Event()
+
+    def admit():
+        for start in range(0, 400_000, 2_000):
+            keys = np.arange(start, start + 2_000, dtype=np.int64)
+            table.processor.process(keys, np.array([keys.shape[0]]), np.ones(1, np.int32),
+                                    True)
+        done.set()
+
+    thread = threading.Thread(target=admit)
+    thread.start()
+    seen = []
+    while not done.is_set():
+        size = table.size()
+        seen.append((size, table.capacity()))
+    thread.join()
+    over = [(s, c) for s, c in seen if s > c]
+    assert not over, f"{len(over)} of {len(seen)} reads saw size > capacity, e.g. {over[:3]}"
+    assert table.size() == 400_000 <= table.capacity()
