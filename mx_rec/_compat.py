@@ -113,4 +113,21 @@ def install() -> None:
     tf.compat.v1.Session = _Session
     _dataset.install()
     _tf_optimizer.install()
+    _install_estimator()
     _installed = True
+
+
+def _has_estimator(module) -> bool:
+    try:
+        return getattr(module, "estimator", None) is not None
+    except (AttributeError, ImportError):   # TF's lazy loader for a removed module
+        return False
+
+
+def _install_estimator() -> None:
+    """``tf.estimator`` (and ``tf.compat.v1.estimator``) resolve to ``sparseflow.estimator``
+    where TensorFlow has none (2.16 and later); a real ``tf.estimator`` is never replaced."""
+    import sparseflow.estimator as estimator
+    for module in (tf, tf.compat.v1):
+        if not _has_estimator(module):
+            setattr(module, "estimator", estimator)

@@ -112,6 +112,11 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     if isinstance(ids, tf.Tensor) and not modify_graph:
         fail("modify_graph", "True when `ids` is a tensor (automatic graph modification); "
              "otherwise pass a FeatureSpec", modify_graph)
+    # An evaluation or prediction runtime (the Estimator's) never adds keys.
+    is_train = is_train and not rt.read_only
+    if rt.serving is not None:  # an export graph: the checkpoint's rows through plain TF
+        from sparseflow.serving_graph import serving_lookup
+        return serving_lookup(rt.serving, hashtable, ids, batch, serving_default_value, name)
     if modify_graph:
         if not isinstance(ids, tf.Tensor):
             fail("ids", "a tensor from iterator.get_next() when modify_graph=True", ids,

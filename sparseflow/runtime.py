@@ -9,6 +9,8 @@ pipeline and forgets all of them, so a later ``init`` starts from a clean slate 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -49,6 +51,13 @@ class Runtime:
     insert_plans: list = field(default_factory=list)    # one per get_asc_insert_func call
     modify: object = None   # graph_modifier.ModifyState once a modify-graph lookup exists
     pipeline_started: bool = False
+    # Evaluation and prediction runtimes (the Estimator's): every channel is read-only, so
+    # no key is counted, admitted or given a row whatever ``is_train`` a lookup passes.
+    read_only: bool = False
+    # Export: the checkpoint's tables (name -> TableState) that sparse_lookup reads through
+    # plain TF lookups instead of the key pipeline (serving_graph.py).
+    serving: object = None
+    scoped: bool = False   # made by scope() for one graph, not by init()
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -115,6 +124,48 @@ def terminate_config_initializer() -> None:
         return
     for table in rt.tables.values():
         table.close()
+
+
+def scope(config: InitConfig | None = None, *, read_only: bool = False) -> Runtime:
+    """A runtime of its own for one graph (an Estimator call), not active yet: see
+    :func:`activated` and :func:`close`.
+
+    Args:
+      config: the :class:`InitConfig` to run with; default that of the active runtime, or
+        ``init()``'s defaults.
+      read_only: evaluation / prediction: no channel counts, admits or allocates keys.
+
+    Returns:
+      The new :class:`Runtime`, marked ``scoped``.
+    """
+    if config is None:
+        config = _RUNTIME.config if _RUNTIME is not None else InitConfig()
+    return Runtime(config=dataclasses.replace(config), read_only=read_only, scoped=True)
+
+
+@contextlib.contextmanager
+def activated(rt: Runtime):
+    """Makes ``rt`` the active runtime inside the block; the one active before (if any) is set
+    aside, not terminated, and comes back at exit. Pipelines already built keep the runtime
+    they were built in, so a training pipeline reading ahead is not disturbed while an
+    evaluation builds its graph in a runtime of its own."""
+    global _RUNTIME
+    outer, _RUNTIME = _RUNTIME, rt
+    try:
+        yield rt
+    finally:
+        _RUNTIME = outer
+
+
+def close(rt: Runtime) -> None:
+    """Stops the pipeline of a runtime made by :func:`scope` and releases its tables."""
+    for table in rt.tables.values():
+        table.close()
+
+
+def active() -> Runtime | None:
+    """The active runtime, or None."""
+    return _RUNTIME
 
 
 def is_initialized() -> bool:

@@ -73,6 +73,33 @@ def _dense_variables():
     return dense or None
 
 
+def read_sparse_states(prefix: str, known=None) -> dict:
+    """The tables of a checkpoint's sparse part, as they were saved (incremental links
+    merged onto their full base).
+
+    Args:
+      prefix: the checkpoint prefix (``Saver.save``'s return value).
+      known: None, or the table names that may appear (a dict or set); another raises.
+
+    Returns:
+      dict table name -> ``TableState``.
+
+    Raises:
+      CheckpointError: the sparse part is missing, corrupt or truncated (naming the file).
+      ValueError: the checkpoint holds a table not in ``known``.
+    """
+    tables = {}
+    for link, manifest in fmt.chain(sparse_path(prefix)):  # verified, full checkpoint first
+        for name, entry in manifest["tables"].items():
+            if known is not None and name not in known:
+                raise ValueError(f"Checkpoint {link!r} holds table `{name}`, which does "
+                                 f"not exist: create it before restoring. Tables: "
+                                 f"{sorted(known)}")
+            state = fmt.read_table_state(link, name, entry)
+            tables[name] = state if name not in tables else merge(tables[name], state)
+    return tables
+
+
 class Saver:
     """Saves and restores dense variables and every sparse table under one step.
 
@@ -225,15 +252,7 @@ class Saver:
             raise RuntimeError("Saver.restore() needs a started pipeline (the tables' slot "
                                "layout): call start_asc_pipeline() first.")
         directory = sparse_path(save_path)
-        tables = {}
-        for link, manifest in fmt.chain(directory):  # verified, full checkpoint first
-            for name, entry in manifest["tables"].items():
-                if name not in self._runtime.tables:
-                    raise ValueError(f"Checkpoint {link!r} holds table `{name}`, which does "
-                                     f"not exist: create it before restoring. Tables: "
-                                     f"{sorted(self._runtime.tables)}")
-                state = fmt.read_table_state(link, name, entry)
-                tables[name] = state if name not in tables else merge(tables[name], state)
+        tables = read_sparse_states(save_path, known=self._runtime.tables)
         for name, state in tables.items():
             check_fits(self._runtime.tables[name], state, repr(directory))
         self._dense.restore(sess, save_path)

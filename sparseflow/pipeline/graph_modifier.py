@@ -98,6 +98,7 @@ class ModifyState:
     lookups: list = field(default_factory=list)
     placeholders: dict = field(default_factory=dict)  # (get_next op, table, train) -> (rows, seq)
     initializers: dict = field(default_factory=dict)  # is_training -> iterator initializer
+    rewritten: set = field(default_factory=set)  # names of the IteratorGetNext ops rewritten
 
 
 def _state() -> ModifyState:
@@ -243,6 +244,44 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
     # A one-shot iterator starts itself; a no-op keeps sess.run(get_initializer(...)) valid.
     state.initializers[is_train] = (tf.no_op(name="one_shot_iterator_starts_itself")
                                     if one_shot else iterator.initializer)
+    state.rewritten.add(get_next.name)
+
+
+def was_rewritten(get_next: tf.Operation) -> bool:
+    """Whether the rewrite replaced the iterator behind ``get_next`` (an ``IteratorGetNext``
+    op): its consumers now read the new iterator, whose initializer is
+    :func:`get_initializer`'s, not the original's."""
+    rt = _runtime.current("automatic graph modification")
+    return rt.modify is not None and get_next.name in rt.modify.rewritten
+
+
+class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
+    """Rewrites the graph and starts the key pipeline for a monitored session (Rec SDK's
+    ``mx_rec.graph.modifier.GraphModifierHook``; the Estimator's train, evaluate and predict
+    hooks).
+
+    Args:
+      dump_graph: write the graph before and after the rewrite (modify_graph=True).
+      modify_graph: True: automatic graph modification at ``begin`` and every rewritten
+        iterator (training or evaluation) initialized when the session is created; False:
+        only start the pipeline (FeatureSpec mode).
+    """
+
+    def __init__(self, dump_graph=False, modify_graph=True):
+        self.dump_graph = dump_graph
+        self.modify_graph = modify_graph
+
+    def begin(self):
+        rt = _runtime.current("GraphModifierHook")
+        if self.modify_graph:
+            modify_graph_and_start_emb_cache(dump_graph=self.dump_graph)
+        elif not rt.pipeline_started:
+            from sparseflow.pipeline.manager import start_asc_pipeline
+            start_asc_pipeline()
+
+    def after_create_session(self, session, coord):
+        if self.modify_graph:
+            session.run(list(_state().initializers.values()))
 
 
 def get_initializer(is_training: bool) -> tf.Operation:

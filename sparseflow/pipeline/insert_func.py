@@ -169,6 +169,8 @@ def get_asc_insert_func(tgt_key_specs=None, args_index_list=None, table_names=No
                          "`tgt_key_specs` (a list of FeatureSpec) and a dict dataset. Received: "
                          f"args_index_list={args_index_list!r}, table_names={table_names!r}")
     groups = group_specs_by_table(tgt_key_specs, argument="tgt_key_specs")
+    # An evaluation or prediction runtime (the Estimator's) never adds keys.
+    is_training = is_training and not rt.read_only
     with rt.lock:
         plan = InsertPlan(plan_id=len(rt.insert_plans), tables=dict(groups.tables),
                           timestamp=groups.timestamp, is_training=is_training)

@@ -1,0 +1,1 @@
+"""See npu_device/__init__.py."""

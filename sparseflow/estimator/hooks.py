@@ -1,0 +1,126 @@
+"""The session hooks an Estimator adds to every train / evaluate / predict run."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import tensorflow as tf
+
+from sparseflow import runtime as _runtime
+from sparseflow.pipeline import graph_modifier
+
+logger = logging.getLogger("sparseflow.estimator")
+
+
+class DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
+    """Starts the iterator the Estimator made over ``input_fn``'s dataset, unless graph
+    modification replaced it (the rewritten iterator is started by whoever rewrote it)."""
+
+    def __init__(self, iterator, get_next: tf.Operation):
+        self._iterator = iterator
+        self._get_next = get_next
+
+    def after_create_session(self, session, coord):
+        if not graph_modifier.was_rewritten(self._get_next):
+            session.run(self._iterator.initializer)
+
+
+class StartPipelineHook(tf.compat.v1.train.SessionRunHook):
+    """Starts the key pipeline at ``begin`` when nothing else did (no ``GraphModifierHook``
+    among the user's hooks): graph modification when modify-graph lookups wait for it, else
+    ``start_asc_pipeline()``. A model without tables needs no pipeline."""
+
+    def __init__(self):
+        self._initializers = None
+
+    def begin(self):
+        rt = _runtime.current("Estimator")
+        if rt.pipeline_started or not rt.tables:
+            return
+        state = rt.modify
+        if state is not None and state.lookups and not state.initializers:
+            graph_modifier.modify_graph_and_start_emb_cache()
+            self._initializers = list(state.initializers.values())
+        else:
+            from sparseflow.pipeline.manager import start_asc_pipeline
+            start_asc_pipeline()
+
+    def after_create_session(self, session, coord):
+        if self._initializers:
+            session.run(self._initializers)
+
+
+class GlobalStepCheckHook(tf.compat.v1.train.SessionRunHook):
+    """Fails the first training step that leaves the global step where it was: the stop at
+    ``steps`` / ``max_steps`` and every checkpoint count on it (tf.estimator only warned and
+    could train forever)."""
+
+    def __init__(self, global_step):
+        self._global_step = global_step
+        self._before = None
+        self._checked = False
+
+    def after_create_session(self, session, coord):
+        self._before = int(session.run(self._global_step))
+
+    def after_run(self, run_context, run_values):
+        if self._checked:
+            return
+        self._checked = True
+        after = int(run_context.session.run(self._global_step))
+        if after == self._before:
+            raise RuntimeError(
+                f"model_fn's train_op did not increase the global step (still {after} after "
+                f"a training step): increment it in train_op, e.g. optimizer.minimize(loss, "
+                f"global_step=tf.compat.v1.train.get_global_step()) or tf.group(train_op, "
+                f"tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1)).")
+
+
+class LogHook(tf.compat.v1.train.SessionRunHook):
+    """Logs the loss, the global step and global steps per second every ``every_n`` steps
+    (``RunConfig.log_step_count_steps``) on the ``sparseflow.estimator`` logger at INFO."""
+
+    def __init__(self, loss, global_step, every_n: int):
+        self._loss = loss
+        self._global_step = global_step
+        self._every_n = every_n
+        self._count = 0
+        self._last = None
+
+    def begin(self):
+        self._count = 0
+        self._last = None
+
+    def before_run(self, run_context):
+        self._count += 1
+        if self._count % self._every_n == 0 or self._count == 1:
+            return tf.compat.v1.train.SessionRunArgs({"loss": self._loss,
+                                                     "step": self._global_step})
+        return None
+
+    def after_run(self, run_context, run_values):
+        if not run_values.results:
+            return
+        now = time.monotonic()
+        step = int(run_values.results["step"])
+        if self._last is None:
+            logger.info("loss = %.6g, step = %d", run_values.results["loss"], step)
+        else:
+            rate = (step - self._last[1]) / max(now - self._last[0], 1e-9)
+            logger.info("loss = %.6g, step = %d (%.3f global steps/s)",
+                        run_values.results["loss"], step, rate)
+        self._last = (now, step)
+
+
+class StopAfterNHook(tf.compat.v1.train.SessionRunHook):
+    """Stops after ``n`` runs (evaluation and prediction ``steps``); None: at the data's end."""
+
+    def __init__(self, n: int | None):
+        self._n = n
+        self._done = 0
+
+    def after_run(self, run_context, run_values):
+        self._done += 1
+        if self._n is not None and self._done >= self._n:
+            run_context.request_stop()
