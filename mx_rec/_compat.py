@@ -124,10 +124,14 @@ def _has_estimator(module) -> bool:
         return False
 
 
-def _install_estimator() -> None:
+def _install_estimator(modules=None) -> None:
     """``tf.estimator`` (and ``tf.compat.v1.estimator``) resolve to ``sparseflow.estimator``
-    where TensorFlow has none (2.16 and later); a real ``tf.estimator`` is never replaced."""
+    where TensorFlow has none (2.16 and later); a real ``tf.estimator`` is never replaced.
+
+    Args:
+      modules: the modules to complete; default ``tf`` and ``tf.compat.v1``.
+    """
     import sparseflow.estimator as estimator
-    for module in (tf, tf.compat.v1):
+    for module in modules or (tf, tf.compat.v1):
         if not _has_estimator(module):
             setattr(module, "estimator", estimator)

@@ -504,9 +504,10 @@ class Estimator:
         values = [tf.compat.v1.Summary.Value(tag=key, simple_value=float(value))
                   for key, value in sorted(results.items())
                   if key != "global_step" and np.ndim(value) == 0]
-        writer = tf.compat.v1.summary.FileWriterCache.get(directory)
-        writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
-        writer.flush()
+        with tf.Graph().as_default():   # TF's v1 writer refuses eager mode
+            writer = tf.compat.v1.summary.FileWriterCache.get(directory)
+            writer.add_summary(tf.compat.v1.Summary(value=values), results["global_step"])
+            writer.flush()
 
     # -- predict ----------------------------------------------------------------------------
 
