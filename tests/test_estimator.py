@@ -465,3 +465,17 @@ def test_npu_run_config_accepts_npu_options_and_refuses_result_changing_ones(cap
     assert npu_hooks_append(hooks) == hooks and npu_hooks_append(None) == []
     DumpConfig(enable_dump=False)
     assert issubclass(NPUEstimator, est.Estimator)
+
+
+def test_the_estimator_example_runs(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "estimator_demo.py"),
+                           "--model-dir", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    trained = next(line for line in lines if line.startswith("trained to step"))
+    assert trained.startswith("trained to step 300") and float(trained.split("AUC ")[1]) > 0.8
+    served = next(line for line in lines if line.startswith("SavedModel at"))
+    assert float(served.split("max difference ")[1].rstrip(")")) < 1e-5
+    assert "Evaluation at step 300" in done.stderr

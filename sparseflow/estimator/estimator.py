@@ -639,6 +639,9 @@ class Estimator:
                 dense = [v for v in tf.compat.v1.global_variables() if v.name not in skip]
                 self._check_checkpoint(checkpoint, rt, "checkpoint_path")
                 dense_saver = _saver._TF_SAVER(var_list=dense) if dense else None
+                # Built before the session runs anything: TF refuses ops changed after a run.
+                main_op = tf.group(tf.compat.v1.local_variables_initializer(),
+                                   tf.compat.v1.tables_initializer())
                 with tf.compat.v1.Session(graph=graph,
                                           config=self._config.session_config) as sess:
                     sess.run(tf.compat.v1.global_variables_initializer())
@@ -650,8 +653,7 @@ class Estimator:
                         sess, [tf.saved_model.SERVING], signature_def_map=signatures,
                         assets_collection=tf.compat.v1.get_collection(
                             tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                        main_op=tf.group(tf.compat.v1.local_variables_initializer(),
-                                         tf.compat.v1.tables_initializer()),
+                        main_op=main_op,
                         strip_default_attrs=True)
                     builder.save(as_text=as_text)
             for dest, source in (assets_extra or {}).items():
