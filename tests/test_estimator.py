@@ -479,3 +479,73 @@ def test_the_estimator_example_runs(tmp_path):
     served = next(line for line in lines if line.startswith("SavedModel at"))
     assert float(served.split("max difference ")[1].rstrip(")")) < 1e-5
     assert "Evaluation at step 300" in done.stderr
+
+
+def test_warm_start_from_another_model_dir(trained, tmp_path):
+    source, model = trained
+    seen = {}
+
+    class Initial(tf.compat.v1.train.SessionRunHook):
+        def begin(self):
+            self._table = runtime.active().tables["t"]
+
+        def after_create_session(self, session, coord):
+            w = next(v for v in tf.compat.v1.global_variables() if v.op.name == "w")
+            seen["w"] = session.run(w)
+            seen["step"] = int(session.run(tf.compat.v1.train.get_global_step()))
+            seen["size"] = self._table.size()
+
+    e = est.Estimator(model.model_fn, model_dir=str(tmp_path / "warm"),
+                      warm_start_from=source.model_dir)
+    e.train(model.input_fn(make_data(n_batches=2)), hooks=[Initial()], steps=1)
+    np.testing.assert_array_equal(seen["w"], source.get_variable_value("w"))
+    assert seen["step"] == STEPS
+    assert seen["size"] == read_sparse_states(source.latest_checkpoint())["t"].keys.shape[0]
+    # Once model_dir holds a checkpoint, it wins over warm_start_from.
+    seen.clear()
+    e.train(model.input_fn(make_data(n_batches=2)), hooks=[Initial()], steps=1)
+    assert seen["step"] == STEPS + 1
+
+
+def test_evict_hook_runs_as_a_training_hook(tmp_path):
+    """Keys unseen for 5 clock units leave the table at the step EvictHook runs; the batch
+    clock is each batch's index, and the second half of the data uses other keys."""
+    data = make_data(n_batches=12)
+    data["ids"][6 * B:] += 1000
+    data["ts"] = np.repeat(np.arange(12, dtype=np.int64), B)
+
+    def run(evict):
+        spec = {}
+
+        def input_fn(mode):
+            spec["ids"] = sf.FeatureSpec("ids", table_name="t", access_threshold=1,
+                                         eviction_threshold=5)
+            insert = sf.get_asc_insert_func(
+                tgt_key_specs=[spec["ids"], sf.FeatureSpec("ts", is_timestamp=True)],
+                is_training=True)
+            ds = tf.compat.v1.data.Dataset.from_tensor_slices(
+                ({"ids": data["ids"], "dense": data["dense"], "ts": data["ts"]},
+                 data["labels"]))
+            return ds.batch(B, drop_remainder=True).map(lambda f, l: (insert(f), l))
+
+        model = Model()
+
+        def model_fn(features, labels, mode):
+            model.spec = spec["ids"]
+            return model.model_fn(features, labels, mode)
+
+        e = est.Estimator(model_fn, model_dir=str(tmp_path / str(evict)))
+        hooks = [sf.EvictHook(evict_enable=True, evict_step_interval=12)] if evict else []
+        e.train(input_fn, hooks=hooks, max_steps=12)
+        return set(read_sparse_states(e.latest_checkpoint())["t"].keys.tolist())
+
+    kept, evicted = run(False), run(True)
+    last_seen = {}
+    for clock in range(12):
+        for key in data["ids"][clock * B:(clock + 1) * B].ravel().tolist():
+            last_seen[key] = clock
+    assert kept == set(last_seen)
+    # At step 12 the clock is 11: keys unseen since clock 6 or before are gone (the whole
+    # first half among them).
+    assert evicted == {key for key, clock in last_seen.items() if 11 - clock < 5}
+    assert not evicted & set(data["ids"][:6 * B].ravel().tolist())
