@@ -25,8 +25,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -142,15 +140,6 @@ def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
     return out
 
 
-def run_worker(variant: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant,
-           "--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -167,17 +156,8 @@ def main() -> None:
         return
 
     load_start, started = os.getloadavg()[0], time.monotonic()
-    runs = {"estimator": [], "session": []}
-    for r in range(args.rounds):
-        order = ("estimator", "session") if r % 2 == 0 else ("session", "estimator")
-        for variant in order:
-            runs[variant].append(run_worker(variant, args))
-            print(f"round {r + 1} {variant}: {runs[variant][-1]['samples_per_s']:,.0f} "
-                  f"samples/s (final loss {runs[variant][-1]['final_loss']:.6f})", flush=True)
-    for e, s in zip(runs["estimator"], runs["session"]):
-        if not np.isclose(e["final_loss"], s["final_loss"], rtol=1e-5):
-            raise RuntimeError(f"The variants trained differently: final loss "
-                               f"{e['final_loss']} (estimator) vs {s['final_loss']} (session).")
+    from report import alternating_rounds
+    runs = alternating_rounds(__file__, ("estimator", "session"), args, args.rounds)
     ratios = [e["samples_per_s"] / s["samples_per_s"]
               for e, s in zip(runs["estimator"], runs["session"])]
     ratio = statistics.median(ratios)

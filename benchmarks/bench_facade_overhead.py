@@ -28,8 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -164,15 +162,6 @@ def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
             "final_loss": float(value)}
 
 
-def run_worker(variant: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant,
-           "--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -189,18 +178,8 @@ def main() -> None:
         return
 
     load_start, started = os.getloadavg()[0], time.monotonic()
-    runs = {"facade": [], "native": []}
-    for r in range(args.rounds):
-        order = ("facade", "native") if r % 2 == 0 else ("native", "facade")
-        for variant in order:
-            runs[variant].append(run_worker(variant, args))
-            print(f"round {r + 1} {variant}: {runs[variant][-1]['samples_per_s']:,.0f} "
-                  f"samples/s", flush=True)
-    # Same graph, same data: the same losses, or the comparison is void.
-    for f, n in zip(runs["facade"], runs["native"]):
-        if not np.isclose(f["final_loss"], n["final_loss"], rtol=1e-5):
-            raise RuntimeError(f"The variants trained differently: final loss {f['final_loss']} "
-                               f"(facade) vs {n['final_loss']} (native).")
+    from report import alternating_rounds
+    runs = alternating_rounds(__file__, ("facade", "native"), args, args.rounds)
     ratios = [f["samples_per_s"] / n["samples_per_s"]
               for f, n in zip(runs["facade"], runs["native"])]
     ratio = statistics.median(ratios)

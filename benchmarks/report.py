@@ -45,3 +45,34 @@ def replace_section(section: str, path: os.PathLike | str = BENCHMARKS_MD) -> No
     else:
         text = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     path.write_text(text.rstrip("\n") + "\n")
+
+
+def alternating_rounds(script: str, variants: tuple, args, rounds: int) -> dict:
+    """Runs each variant of ``script`` once per round, each in its own process (``script
+    --worker VARIANT --batch --warmup --steps``, printing a JSON dict as its last line),
+    alternating which goes first; returns {variant: [dict per round]}. Every round of every
+    variant must end on the same ``final_loss`` (same graph, same data), else RuntimeError."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
+    env = dict(os.environ, PYTHONPATH=root)
+    runs = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in (variants if r % 2 == 0 else variants[::-1]):
+            cmd = [sys.executable, os.path.abspath(script), "--worker", variant,
+                   "--batch", str(args.batch), "--warmup", str(args.warmup),
+                   "--steps", str(args.steps)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {variant}: {runs[variant][-1]['samples_per_s']:,.0f} "
+                  f"samples/s (final loss {runs[variant][-1]['final_loss']:.6f})", flush=True)
+    for results in zip(*runs.values()):
+        losses = [x["final_loss"] for x in results]
+        if not np.allclose(losses, losses[0], rtol=1e-5):
+            raise RuntimeError(f"The variants trained differently: final losses "
+                               f"{dict(zip(variants, losses))}.")
+    return runs

@@ -31,7 +31,7 @@ from sparseflow.estimator import hooks as _hooks
 from sparseflow.estimator.export import PredictOutput, ServingInputReceiver
 from sparseflow.estimator.run_config import RunConfig
 from sparseflow.estimator.spec import EstimatorSpec, ModeKeys
-from sparseflow.validation import check_bool, check_int, fail
+from sparseflow.validation import check_bool, fail
 
 logger = logging.getLogger("sparseflow.estimator")
 
