@@ -95,15 +95,16 @@ class LogHook(tf.compat.v1.train.SessionRunHook):
     def before_run(self, run_context):
         self._count += 1
         if self._count % self._every_n == 0 or self._count == 1:
-            return tf.compat.v1.train.SessionRunArgs({"loss": self._loss,
-                                                     "step": self._global_step})
+            return tf.compat.v1.train.SessionRunArgs({"loss": self._loss})
         return None
 
     def after_run(self, run_context, run_values):
         if not run_values.results:
             return
         now = time.monotonic()
-        step = int(run_values.results["step"])
+        # Read after the step: fetched with the train op, the global step may be read before
+        # or after its increment.
+        step = int(run_context.session.run(self._global_step))
         if self._last is None:
             logger.info("loss = %.6g, step = %d", run_values.results["loss"], step)
         else:
