@@ -89,6 +89,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
 
     Raises:
       AlreadyInitializedError: ``init`` was already called and not terminated.
+      RuntimeError: this process is one of several ranks (``distributed/ranks.py``): the
+        Session API trains one process's tables.
       TypeError, ValueError: an argument is of the wrong type or out of range.
     """
     global _RUNTIME
@@ -102,6 +104,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     if max_steps == 0 and train_steps == 0 and eval_steps == 0:
         raise ValueError("Arguments `max_steps`, `train_steps` and `eval_steps` must not all be 0. "
                          "Received: 0, 0, 0")
+    from sparseflow.distributed.ranks import require_one_process
+    require_one_process("sparseflow.init()")
     if _RUNTIME is not None:
         raise AlreadyInitializedError(
             "sparseflow is already initialized: call terminate_config_initializer() before "

@@ -62,10 +62,16 @@ def test_import_mx_rec_util_exposes_communication_as_an_attribute():
 
 def test_several_mpi_ranks_are_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
-    with pytest.raises(NotImplementedError, match=r"`OMPI_COMM_WORLD_SIZE` is '8'"):
+    with pytest.raises(NotImplementedError, match=r"rank 0 of 8 \(OMPI_COMM_WORLD_RANK=0, "
+                                                  r"OMPI_COMM_WORLD_SIZE=8 \(set by mpirun"):
         get_rank_size()
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
     assert get_rank_size() == 1
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    monkeypatch.setenv("HOROVOD_SIZE", "4")
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
+    with pytest.raises(NotImplementedError, match=r"rank 3 of 4 \(HOROVOD_RANK=3"):
+        get_rank_size()
 
 
 # --- ConfigInitializer and mx_rec.util.initialize -----------------------------------------

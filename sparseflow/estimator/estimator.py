@@ -78,12 +78,15 @@ class Estimator:
         no checkpoint in ``model_dir`` starts from it (dense variables and tables).
 
     Raises:
+      RuntimeError: this process is one of several ranks (it would train a model of its own).
       TypeError, ValueError: ``model_fn`` is not callable or takes other arguments;
         ``model_dir`` disagrees with ``config.model_dir``; ``params`` is not a dict.
     """
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None,
                  warm_start_from=None):
+        from sparseflow.distributed.ranks import require_one_process
+        require_one_process("sparseflow.estimator.Estimator")
         if not callable(model_fn):
             fail("model_fn", "a callable returning an EstimatorSpec", model_fn, TypeError)
         args = _fn_args(model_fn)

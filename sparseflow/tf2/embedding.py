@@ -66,11 +66,15 @@ class Embedding(tf.Module):
       name: the module's name.
 
     Raises:
+      RuntimeError: this process is one of several ranks (``distributed/ranks.py``): each
+        would train tables of its own.
       TypeError, ValueError: a config is invalid, two tables share a name, or a table has
         no optimizer while training needs one (at :meth:`apply_gradients`).
     """
 
     def __init__(self, feature_config, optimizer=None, name: str = "sparseflow_embedding"):
+        from sparseflow.distributed.ranks import require_one_process
+        require_one_process("sparseflow.tf2.Embedding")
         super().__init__(name=name)
         if optimizer is not None and not isinstance(optimizer, OPTIMIZERS):
             fail("optimizer", "None or one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL",

@@ -10,12 +10,7 @@ work before ``init()`` (Rec SDK scripts call them while importing their config).
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["get_local_rank_size", "get_rank_id", "get_rank_size", "world"]
-
-# Rec SDK's launchers (mpirun / horovodrun) tell each process its place through these.
-_MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 def world() -> tuple[int, int]:
@@ -25,18 +20,20 @@ def world() -> tuple[int, int]:
       ``(0, 1)``: the facade runs one process.
 
     Raises:
-      NotImplementedError: the process was started by an MPI launcher as one of several
-        ranks (``OMPI_COMM_WORLD_SIZE`` > 1). Each rank would train its own copy of the tables
-        and none would see the others' gradients; the facade does not run several ranks yet.
+      NotImplementedError: the process was started as one of several ranks (mpirun,
+        horovodrun, an MPI launcher, Rec SDK's rank table or TF_CONFIG: see
+        ``sparseflow/distributed/ranks.py``). Each rank would train its own copy of the
+        tables and none would see the others' gradients; the facade does not run several
+        ranks yet.
     """
-    for name in _MPI_SIZE_VARIABLES:
-        value = os.environ.get(name, "1").strip()
-        if value not in ("", "0", "1"):
-            raise NotImplementedError(
-                f"Environment variable `{name}` is {value!r}: this process was launched as one "
-                f"of several MPI ranks, and the mx_rec facade runs one process (rank 0 of 1). "
-                f"Run the script with `python` alone, or use sparseflow's multi-worker training "
-                f"(docs/multi-worker.md).")
+    from sparseflow.distributed.ranks import detect
+    ranks = detect()
+    if ranks.size > 1:
+        raise NotImplementedError(
+            f"This process was launched as rank {ranks.rank} of {ranks.size} "
+            f"({ranks.source}), and the mx_rec facade runs one process (rank 0 of 1). Run the "
+            f"script with `python` alone, or use sparseflow's multi-worker training "
+            f"(docs/multi-worker.md).")
     return 0, 1
 
 

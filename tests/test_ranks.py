@@ -1,0 +1,63 @@
+"""Rank detection from launcher environments, and the faces that train one process's model
+refusing to run as one of several ranks (never N independent models silently)."""
+
+import json
+import re
+
+import pytest
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.distributed.ranks import Ranks, detect, require_one_process
+from sparseflow import estimator as est
+
+LAUNCHERS = [
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK=1"),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4"}, "PMI_RANK=2, PMI_SIZE=4"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "8"}, "HOROVOD_SIZE=8 (set by horovodrun)"),
+    ({"RANK_ID": "5", "RANK_SIZE": "8"}, "RANK_ID=5, RANK_SIZE=8 (set by Rec SDK's rank table)"),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2", "c:3"]},
+                               "task": {"type": "worker", "index": 2}})},
+     "TF_CONFIG (worker 2 of 3)"),
+]
+
+
+@pytest.mark.parametrize("environ,source", LAUNCHERS, ids=["mpirun", "pmi", "horovod",
+                                                           "rank_table", "tf_config"])
+def test_each_launcher_is_read(environ, source):
+    ranks = detect(environ)
+    assert ranks.size > 1 and source in ranks.source
+    with pytest.raises(RuntimeError, match=rf"face\(\): this process is rank {ranks.rank} of "
+                                           rf"{ranks.size} \(.*{re.escape(source.split(',')[0])}"):
+        require_one_process("face()", environ)
+
+
+def test_one_process_and_the_reading_order():
+    assert detect({}) == Ranks(0, 1)
+    assert require_one_process("x", {"OMPI_COMM_WORLD_SIZE": "1"}).size == 1
+    both = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
+            "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}
+    assert detect(both).size == 1   # mpirun's variables are read first
+    with pytest.raises(ValueError, match="PMI_SIZE must be an integer; received 'two'"):
+        detect({"PMI_SIZE": "two"})
+    with pytest.raises(ValueError, match=r"RANK_ID=4 and RANK_SIZE=4 .* must give a rank in "
+                                         r"\[0, size\)"):
+        detect({"RANK_ID": "4", "RANK_SIZE": "4"})
+
+
+@pytest.mark.parametrize("face", ["init", "estimator", "tf2"])
+def test_faces_refuse_several_ranks(monkeypatch, face):
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"this process is rank 1 of 2 \(HOROVOD_RANK=1.*"
+                                           r"each of the 2 ranks would train a model of its "
+                                           r"own"):
+        if face == "init":
+            sf.init()
+        elif face == "estimator":
+            est.Estimator(lambda features: None)
+        else:
+            from sparseflow import tf2
+            tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))},
+                          tf2.SGD(0.1))
+    assert not sf.runtime.is_initialized()
