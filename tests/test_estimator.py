@@ -90,12 +90,14 @@ class Model:
     def train_op(loss):
         dense, tables = sf.get_dense_and_sparse_variable()
         grads = tf.gradients(loss, dense + tables)
-        return tf.group(
-            tf.compat.v1.train.AdamOptimizer(0.05).apply_gradients(
-                zip(grads[:len(dense)], dense)),
-            lazy_adam.create_hash_optimizer(learning_rate=0.05).apply_gradients(
-                zip(grads[len(dense):], tables)),
-            tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1))
+        updates = [tf.compat.v1.train.AdamOptimizer(0.05).apply_gradients(
+                       zip(grads[:len(dense)], dense)),
+                   lazy_adam.create_hash_optimizer(learning_rate=0.05).apply_gradients(
+                       zip(grads[len(dense):], tables))]
+        # After the updates, as optimizer.minimize(global_step=...) does: a run that finds
+        # the data at its end then counts no step.
+        with tf.control_dependencies(updates):
+            return tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1).op
 
 
 class LossHook(tf.compat.v1.train.SessionRunHook):
@@ -549,3 +551,60 @@ def test_evict_hook_runs_as_a_training_hook(tmp_path):
     # first half among them).
     assert evicted == {key for key, clock in last_seen.items() if 11 - clock < 5}
     assert not evicted & set(data["ids"][:6 * B].ravel().tolist())
+
+
+def test_params_may_be_any_object_and_train_may_run_to_the_end_of_the_data(tmp_path):
+    """Rec SDK passes its argparse.Namespace as params; train() without steps or max_steps
+    runs until input_fn's data ends."""
+    import argparse
+    model = Model()
+    seen = {}
+
+    def model_fn(features, labels, mode, params):
+        seen["lr"] = params.learning_rate
+        return model.model_fn(features, labels, mode)
+
+    e = est.Estimator(model_fn, model_dir=str(tmp_path),
+                      params=argparse.Namespace(learning_rate=0.5))
+    e.train(model.input_fn(make_data(n_batches=5)))
+    assert seen["lr"] == 0.5 and e.params.learning_rate == 0.5
+    assert e.get_variable_value("global_step") == 5
+
+
+def test_predict_in_modify_graph_mode_can_return_an_input_itself(tmp_path):
+    """A prediction that is a raw feature (Rec SDK's estimator demo predicts its label) is read
+    from the iterator graph modification put in place, with the lookups of the same batch."""
+    data = make_data(n_batches=4)
+
+    def input_fn():
+        return tf.compat.v1.data.Dataset.from_tensor_slices(
+            {"ids": data["ids"], "label": data["labels"]}).batch(B, drop_remainder=True)
+
+    def model_fn(features, mode):
+        table = sf.create_table(tf.int64, DIM, "t", tf.compat.v1.ones_initializer(),
+                                device_vocabulary_size=1000)
+        emb = sf.sparse_lookup(table, features["ids"], modify_graph=True,
+                               is_train=mode == est.ModeKeys.TRAIN)
+        logits = tf.reduce_sum(emb, [1, 2])[:, None] * tf.compat.v1.get_variable(
+            "scale", [1], initializer=tf.compat.v1.ones_initializer())
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"logits": logits,
+                                                        "label": features["label"],
+                                                        "ids": features["ids"]})
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=features["label"], logits=logits))
+        dense, tables = sf.get_dense_and_sparse_variable()
+        grads = tf.gradients(loss, dense + tables)
+        return est.EstimatorSpec(mode, loss=loss, train_op=tf.group(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+                zip(grads[:1], dense)),
+            lazy_adam.create_hash_optimizer(0.01).apply_gradients(zip(grads[1:], tables)),
+            tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1)))
+
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    e.train(input_fn, hooks=[est.GraphModifierHook()], max_steps=2)
+    batches = list(e.predict(input_fn, hooks=[est.GraphModifierHook()],
+                             yield_single_examples=False))
+    assert len(batches) == 4
+    np.testing.assert_array_equal(np.concatenate([b["label"] for b in batches]), data["labels"])
+    np.testing.assert_array_equal(np.concatenate([b["ids"] for b in batches]), data["ids"])

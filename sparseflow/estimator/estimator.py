@@ -14,6 +14,7 @@ SDK's ``little_demo_estimator`` does.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import os
@@ -31,6 +32,7 @@ from sparseflow.estimator import hooks as _hooks
 from sparseflow.estimator.export import PredictOutput, ServingInputReceiver
 from sparseflow.estimator.run_config import RunConfig
 from sparseflow.estimator.spec import EstimatorSpec, ModeKeys
+from sparseflow.pipeline import graph_modifier
 from sparseflow.validation import check_bool, fail
 
 logger = logging.getLogger("sparseflow.estimator")
@@ -73,14 +75,15 @@ class Estimator:
       model_dir: checkpoints and summaries; default ``config.model_dir``, else a new
         temporary directory.
       config: a ``RunConfig`` (default ``RunConfig()``).
-      params: a dict passed to ``model_fn`` and ``input_fn`` (those that take ``params``).
+      params: passed to ``model_fn`` and ``input_fn`` (those that take ``params``); usually a
+        dict (deep-copied).
       warm_start_from: a checkpoint prefix or a directory holding checkpoints: training with
         no checkpoint in ``model_dir`` starts from it (dense variables and tables).
 
     Raises:
       RuntimeError: this process is one of several ranks (it would train a model of its own).
       TypeError, ValueError: ``model_fn`` is not callable or takes other arguments;
-        ``model_dir`` disagrees with ``config.model_dir``; ``params`` is not a dict.
+        ``model_dir`` disagrees with ``config.model_dir``.
     """
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None,
@@ -113,9 +116,8 @@ class Estimator:
             logger.warning("Estimator: no model_dir given; using %s", model_dir)
         self._model_dir = model_dir
         self._config = config.replace(model_dir=model_dir)
-        if params is not None and not isinstance(params, dict):
-            fail("params", "a dict or None", params, TypeError)
-        self._params = dict(params or {})
+        # Any object, as tf.estimator took it (Rec SDK passes an argparse.Namespace).
+        self._params = {} if params is None else copy.deepcopy(params)
         if warm_start_from is not None and not isinstance(warm_start_from, (str, os.PathLike)):
             fail("warm_start_from", "a checkpoint prefix or directory (str) or None",
                  warm_start_from, TypeError)
@@ -136,9 +138,9 @@ class Estimator:
         return self._config
 
     @property
-    def params(self) -> dict:
-        """A copy of ``params``."""
-        return dict(self._params)
+    def params(self):
+        """A deep copy of ``params`` ({} when None was given)."""
+        return copy.deepcopy(self._params)
 
     @property
     def model_fn(self):
@@ -397,9 +399,10 @@ class Estimator:
                          + list(spec.training_chief_hooks)
                          + [_hooks.StartPipelineHook(),
                             _hooks.GlobalStepCheckHook(global_step),
-                            tf.compat.v1.train.NanTensorHook(spec.loss),
-                            tf.compat.v1.train.StopAtStepHook(num_steps=steps,
-                                                              last_step=max_steps)])
+                            tf.compat.v1.train.NanTensorHook(spec.loss)])
+            if steps is not None or max_steps is not None:   # else: until the data ends
+                all_hooks.append(tf.compat.v1.train.StopAtStepHook(num_steps=steps,
+                                                                   last_step=max_steps))
             if cfg.log_step_count_steps:
                 all_hooks.append(_hooks.LogHook(spec.loss, global_step,
                                                 cfg.log_step_count_steps))
@@ -562,6 +565,9 @@ class Estimator:
                 sess = tf.compat.v1.train.MonitoredSession(
                     session_creator=self._session_creator(scaffold, checkpoint),
                     hooks=all_hooks)
+                # A prediction that is an input itself (a label, an id) reads the iterator
+                # graph modification put in place of the original.
+                predictions = tf.nest.map_structure(graph_modifier.rewritten, predictions)
             try:
                 while not sess.should_stop():
                     try:

@@ -99,6 +99,7 @@ class ModifyState:
     placeholders: dict = field(default_factory=dict)  # (get_next op, table, train) -> (rows, seq)
     initializers: dict = field(default_factory=dict)  # is_training -> iterator initializer
     rewritten: set = field(default_factory=set)  # names of the IteratorGetNext ops rewritten
+    replacements: dict = field(default_factory=dict)  # old get_next output name -> new output
 
 
 def _state() -> ModifyState:
@@ -230,6 +231,8 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
         iterator = tf.compat.v1.data.make_initializable_iterator(with_rows(variant))
     new = iterator.get_next()
     batch = {str(i): t for i, t in enumerate(new[:len(outputs)])}
+    for old, replacement in zip(outputs, new[:len(outputs)]):
+        state.replacements[old.name] = replacement
     batch[plan.flat_key], batch[plan.sizes_key] = new[-2], new[-1]
     for old_tensor, new_tensor in zip(outputs, new[:len(outputs)]):
         _rewire(old_tensor, new_tensor)
@@ -253,6 +256,17 @@ def was_rewritten(get_next: tf.Operation) -> bool:
     :func:`get_initializer`'s, not the original's."""
     rt = _runtime.current("automatic graph modification")
     return rt.modify is not None and get_next.name in rt.modify.rewritten
+
+
+def rewritten(tensor):
+    """The tensor to fetch for ``tensor`` after the rewrite: the new iterator's output where
+    ``tensor`` is an output of a rewritten ``get_next`` (the rewrite re-points the ops that
+    read it, but a fetch of the output itself would read the original iterator, which is no
+    longer started), else ``tensor`` itself."""
+    rt = _runtime.current("automatic graph modification")
+    if rt.modify is None or not isinstance(tensor, tf.Tensor):
+        return tensor
+    return rt.modify.replacements.get(tensor.name, tensor)
 
 
 class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
