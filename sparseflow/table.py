@@ -38,6 +38,22 @@ from sparseflow.validation import INT32_MAX, check_int, fail
 
 
 HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
+
+
+def _keep_tables_out_of_meta_graphs() -> None:
+    """A meta graph (written with every checkpoint) serializes each collection; the tables
+    are Python objects, saved in the checkpoint's sparse part, so this collection exports as
+    empty instead of a warning "Issue encountered when serializing" at every save (TF's
+    private registry of collection serializers, wrapped here alone)."""
+    from tensorflow.python.framework import ops
+    from tensorflow.core.framework import attr_value_pb2
+
+    ops.register_proto_function(HASHTABLE_COLLECTION, proto_type=attr_value_pb2.AttrValue,
+                                to_proto=lambda table, export_scope=None: None,
+                                from_proto=None)
+
+
+_keep_tables_out_of_meta_graphs()
 DEFAULT_EXPANSION_BLOCK_ROWS = 1024
 ROWS_ON = ("host", "device")
 

@@ -298,3 +298,21 @@ def test_an_incremental_save_after_a_restore_builds_on_the_restored_checkpoint(s
         got = table.export()
     np.testing.assert_array_equal(got[0], rolled_back[0])
     np.testing.assert_array_equal(got[1], rolled_back[1])
+
+
+def test_saving_a_meta_graph_does_not_warn_about_the_tables_collection(graph, tmp_path, caplog):
+    """The tables' collection (Rec SDK's ASCEND_GLOBAL_HASHTABLE_COLLECTION) holds Python
+    objects: every checkpoint's meta graph warned it could not serialize them."""
+    import logging
+    sf.init()
+    try:
+        sf.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(),
+                        device_vocabulary_size=10)
+        tf.compat.v1.Variable(1.0)
+        with caplog.at_level(logging.WARNING):
+            meta = tf.compat.v1.train.export_meta_graph(str(tmp_path / "m.meta"))
+        assert not [r for r in caplog.records if "Issue encountered" in r.getMessage()]
+        assert "ASCEND_GLOBAL_HASHTABLE_COLLECTION" not in meta.collection_def or not (
+            meta.collection_def["ASCEND_GLOBAL_HASHTABLE_COLLECTION"].bytes_list.value)
+    finally:
+        sf.terminate_config_initializer()
