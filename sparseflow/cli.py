@@ -58,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True,
                         help="a checkpoint prefix or a directory holding checkpoints")
     export.add_argument("--out", required=True, help="the SavedModel directory (new or empty)")
+    launch_help = ("Run a Python script as N local processes (ranks), like torchrun: each gets "
+                   "SPARSEFLOW_RANK, SPARSEFLOW_WORLD_SIZE and a TF_CONFIG on loopback; output "
+                   "is prefixed by rank; when one fails the others are ended.")
+    launch = commands.add_parser("launch", help=launch_help, description=launch_help)
+    launch.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
+                        help="how many processes")
+    launch.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                        help="after a rank fails, how long the others may run (default 30)")
+    launch.add_argument("script", help="the Python script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="the script's own arguments")
     stats_help = ("Offline feature statistics over Parquet: distinct keys, skew, what each "
                   "admission threshold keeps, keys alive in an eviction window, table memory.")
     stats = commands.add_parser("stats", help=stats_help, description=stats_help)
@@ -201,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "stats":
         return _stats(args)
+    if args.command == "launch":
+        return _launch(args)
 
     from sparseflow.jobs.schema import ConfigError, load_config
 
@@ -326,3 +339,20 @@ def describe(cfg) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _launch(args) -> int:
+    """``sparseflow launch -n N script.py args...``."""
+    if not 1 <= args.ranks <= MAX_LOCAL_WORKERS:
+        print(f"error: argument -n/--ranks must be an int in [1, {MAX_LOCAL_WORKERS}]. "
+              f"Received: {args.ranks}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.grace < 0:
+        print(f"error: argument --grace must be >= 0. Received: {args.grace}", file=sys.stderr)
+        return EXIT_USAGE
+    if not os.path.isfile(args.script):
+        print(f"error: argument script must be a Python file. Received: {args.script!r} "
+              f"(not found)", file=sys.stderr)
+        return EXIT_USAGE
+    from sparseflow.distributed.launch_script import launch_script
+    return launch_script([args.script, *args.script_args], args.ranks, args.grace)

@@ -3,6 +3,7 @@ guard that keeps a face that cannot shard from training N independent models.
 
 Launchers announce a process's place in several ways; they are read in this order:
 
+- ``sparseflow launch -n N script.py``: ``SPARSEFLOW_RANK`` / ``SPARSEFLOW_WORLD_SIZE``;
 - ``mpirun`` (Open MPI): ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE``;
 - MPICH / Intel MPI (PMI): ``PMI_RANK`` / ``PMI_SIZE``;
 - ``horovodrun``: ``HOROVOD_RANK`` / ``HOROVOD_SIZE``;
@@ -23,6 +24,7 @@ import os
 
 # (rank variable, size variable, launcher), in the order they are read.
 _RANK_VARIABLES = (
+    ("SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE", "sparseflow launch"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"),
     ("PMI_RANK", "PMI_SIZE", "an MPI launcher (PMI)"),
     ("HOROVOD_RANK", "HOROVOD_SIZE", "horovodrun"),

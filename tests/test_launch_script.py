@@ -1,0 +1,75 @@
+"""``sparseflow launch -n N script.py``: ranks told by environment, output prefixed by rank,
+every rank ended when one fails, and sparseflow's one-process faces refusing to run as one
+of several ranks."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def launch(tmp_path, body, *args, n=2, grace=None, timeout=120):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    cmd = [sys.executable, "-m", "sparseflow", "launch", "-n", str(n)]
+    if grace is not None:
+        cmd += ["--grace", str(grace)]
+    return subprocess.run(cmd + [str(script), *args], capture_output=True, text=True, env=ENV,
+                          cwd=str(tmp_path), timeout=timeout)
+
+
+def test_each_rank_is_told_its_place_and_its_output_is_prefixed(tmp_path):
+    done = launch(tmp_path, """
+        import json, os, sys
+        from sparseflow.distributed.ranks import detect
+        r = detect()
+        print(f"rank {r.rank} of {r.size} args {sys.argv[1:]}")
+        print("cluster", len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
+        """, "--flag", "x", n=3)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert lines == sorted([f"[rank {r}] rank {r} of 3 args ['--flag', 'x']" for r in range(3)]
+                           + [f"[rank {r}] cluster 3" for r in range(3)])
+    assert "started 3 ranks" in done.stderr
+
+
+def test_a_failed_rank_ends_the_others_and_the_job(tmp_path):
+    start = time.monotonic()
+    done = launch(tmp_path, """
+        import os, sys, time
+        if os.environ["SPARSEFLOW_RANK"] == "1":
+            print("rank 1 gives up", flush=True)
+            sys.exit(3)
+        time.sleep(120)
+        """, grace=1)
+    assert done.returncode == 3
+    assert time.monotonic() - start < 60
+    assert "[rank 1] rank 1 gives up" in done.stdout
+    assert "rank 1 exited with status 3" in done.stderr
+    assert "killing rank 0" in done.stderr and "rank 1 failed with status 3" in done.stderr
+
+
+def test_a_one_process_face_refuses_to_run_as_one_of_several_ranks(tmp_path):
+    done = launch(tmp_path, """
+        import sparseflow as sf
+        sf.init()
+        print("trained alone")
+        """)
+    assert done.returncode == 1
+    assert "trained alone" not in done.stdout
+    assert ("this process is rank 1 of 2 (SPARSEFLOW_RANK=1, SPARSEFLOW_WORLD_SIZE=2 (set by "
+            "sparseflow launch))") in done.stdout
+
+
+def test_usage_errors(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", "0", "x.py"],
+                         capture_output=True, text=True, env=ENV, cwd=str(tmp_path))
+    assert bad.returncode == 2 and "-n/--ranks must be an int in [1, 64]. Received: 0" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", "2",
+                              "nowhere.py"], capture_output=True, text=True, env=ENV,
+                             cwd=str(tmp_path))
+    assert missing.returncode == 2 and "'nowhere.py' (not found)" in missing.stderr
