@@ -501,12 +501,13 @@ def test_warm_start_from_another_model_dir(trained, tmp_path):
                       warm_start_from=source.model_dir)
     e.train(model.input_fn(make_data(n_batches=2)), hooks=[Initial()], steps=1)
     np.testing.assert_array_equal(seen["w"], source.get_variable_value("w"))
-    assert seen["step"] == STEPS
+    assert seen["step"] == 0   # as tf.estimator: the global step is not carried over
     assert seen["size"] == read_sparse_states(source.latest_checkpoint())["t"].keys.shape[0]
-    # Once model_dir holds a checkpoint, it wins over warm_start_from.
+    # Once model_dir holds a checkpoint, it wins over warm_start_from; max_steps counts
+    # this model's steps.
     seen.clear()
-    e.train(model.input_fn(make_data(n_batches=2)), hooks=[Initial()], steps=1)
-    assert seen["step"] == STEPS + 1
+    e.train(model.input_fn(make_data(n_batches=4)), hooks=[Initial()], max_steps=3)
+    assert seen["step"] == 1 and e.get_variable_value("global_step") == 3
 
 
 def test_evict_hook_runs_as_a_training_hook(tmp_path):
@@ -608,3 +609,94 @@ def test_predict_in_modify_graph_mode_can_return_an_input_itself(tmp_path):
     assert len(batches) == 4
     np.testing.assert_array_equal(np.concatenate([b["label"] for b in batches]), data["labels"])
     np.testing.assert_array_equal(np.concatenate([b["ids"] for b in batches]), data["ids"])
+
+
+def test_keep_checkpoint_max_counts_the_checkpoints_of_earlier_calls(tmp_path):
+    model = Model()
+    e = estimator(tmp_path, model, keep_checkpoint_max=2)
+    for _ in range(4):
+        e.train(model.input_fn(make_data(n_batches=2)), steps=1)
+    names = os.listdir(e.model_dir)
+    assert sorted(n for n in names if n.endswith(".index")) == ["model.ckpt-3.index",
+                                                               "model.ckpt-4.index"]
+    assert sorted(n for n in names if n.startswith("sparse-")) == ["sparse-model.ckpt-3",
+                                                                  "sparse-model.ckpt-4"]
+
+
+def test_without_a_checkpoint_interval_training_still_saves_at_its_end(tmp_path):
+    model = Model()
+    e = estimator(tmp_path, model, save_checkpoints_steps=None, save_checkpoints_secs=None)
+    e.train(model.input_fn(make_data(n_batches=3)))
+    assert e.latest_checkpoint().endswith("model.ckpt-3")
+    assert read_sparse_states(e.latest_checkpoint())["t"].keys.shape[0] > 0
+
+
+def test_a_scaffold_saver_that_would_drop_the_tables_is_refused(tmp_path):
+    model = Model()
+
+    def model_fn(features, labels, mode):
+        spec = model.model_fn(features, labels, mode)
+        return spec._replace(scaffold=tf.compat.v1.train.Scaffold(
+            saver=tf.compat.v1.train.Saver()))
+
+    e = est.Estimator(model_fn, model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="Argument `scaffold.saver` must be None when the "
+                                         "model has sparse tables"):
+        e.train(model.input_fn(make_data(n_batches=2)), steps=1)
+    assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint"))
+
+
+def test_a_serving_graph_may_use_some_of_the_tables(tmp_path):
+    """PREDICT builds one tower (table t); the checkpoint also holds table "u"."""
+    data = make_data(n_batches=3)
+    model = Model()
+
+    def model_fn(features, labels, mode):
+        if mode != est.ModeKeys.PREDICT:
+            u = sf.create_table(tf.int64, 2, "u", tf.compat.v1.ones_initializer(),
+                                device_vocabulary_size=1000)
+            spec = model.model_fn(features, labels, mode)
+            del u
+            return spec
+        return model.model_fn(features, labels, mode)
+
+    e = est.Estimator(model_fn, model_dir=str(tmp_path), config=est.RunConfig(tf_random_seed=7))
+    e.train(model.input_fn(data), max_steps=3)
+    assert set(read_sparse_states(e.latest_checkpoint())) == {"t", "u"}
+    served = np.concatenate([b["prob"] for b in e.predict(model.input_fn(data),
+                                                          yield_single_examples=False)])
+    assert served.shape == (3 * B, 1) and np.all(np.isfinite(served))
+    # Training still refuses a checkpoint with a table its graph lacks.
+    with pytest.raises(ValueError, match="table `u` is in it but not in this model"):
+        est.Estimator(model.model_fn, model_dir=str(tmp_path)).train(model.input_fn(data),
+                                                                     steps=1)
+
+
+def test_ragged_and_sparse_features_pass_and_bad_ones_are_named(tmp_path):
+    data = make_data(n_batches=2)
+    model = Model()
+
+    def with_ragged(mode):
+        dataset = model.input_fn(data)(mode)
+        return dataset.map(lambda f, l: (dict(f, tags=tf.RaggedTensor.from_row_lengths(
+            tf.range(B, dtype=tf.int64), tf.ones([B], tf.int64))), l))
+
+    e = estimator(tmp_path, model)
+    e.train(with_ragged, steps=2)
+    assert e.get_variable_value("global_step") == 2
+    with pytest.raises(TypeError, match=r"Received: \"features\['ids'\] of type ndarray\""):
+        e.train(lambda: ({"ids": data["ids"]}, tf.zeros([1])), steps=1)
+
+
+def test_eval_metric_ops_may_not_take_the_estimators_names(trained):
+    e, model = trained
+
+    def model_fn(features, labels, mode):
+        spec = model.model_fn(features, labels, mode)
+        return spec._replace(eval_metric_ops={"global_step": tf.compat.v1.metrics.mean(
+            spec.loss)})
+
+    other = est.Estimator(model_fn, model_dir=e.model_dir, config=e.config)
+    with pytest.raises(ValueError, match=r"Argument `eval_metric_ops` must be a dict without "
+                                         r"the keys 'loss' and 'global_step'.*\['global_step'\]"):
+        other.evaluate(model.input_fn(make_data(n_batches=1)))

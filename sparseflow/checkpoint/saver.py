@@ -73,13 +73,15 @@ def _dense_variables():
     return dense or None
 
 
-def read_sparse_states(prefix: str, known=None) -> dict:
+def read_sparse_states(prefix: str, known=None, skip_unknown: bool = False) -> dict:
     """The tables of a checkpoint's sparse part, as they were saved (incremental links
     merged onto their full base).
 
     Args:
       prefix: the checkpoint prefix (``Saver.save``'s return value).
-      known: None, or the table names that may appear (a dict or set); another raises.
+      known: None, or the table names that may appear (a dict or set); another raises,
+        or is left out with ``skip_unknown``.
+      skip_unknown: leave out the tables not in ``known`` instead of raising.
 
     Returns:
       dict table name -> ``TableState``.
@@ -92,6 +94,8 @@ def read_sparse_states(prefix: str, known=None) -> dict:
     for link, manifest in fmt.chain(sparse_path(prefix)):  # verified, full checkpoint first
         for name, entry in manifest["tables"].items():
             if known is not None and name not in known:
+                if skip_unknown:
+                    continue
                 raise ValueError(f"Checkpoint {link!r} holds table `{name}`, which does "
                                  f"not exist: create it before restoring. Tables: "
                                  f"{sorted(known)}")
@@ -108,6 +112,9 @@ class Saver:
       max_to_keep: checkpoints to keep (older ones are deleted, dense and sparse); int >= 0,
         0 keeps all.
       prefix_name: Rec SDK's argument, accepted; file names follow ``save_path``.
+      restore_fewer_tables: restore a checkpoint holding tables this graph lacks (they are
+        skipped: a serving or evaluation graph of part of the model); default False, such
+        a checkpoint is refused.
       **kwargs: passed to ``tf.compat.v1.train.Saver``.
 
     Raises:
@@ -115,8 +122,10 @@ class Saver:
       TypeError, ValueError: ``max_to_keep`` is not an int >= 0.
     """
 
-    def __init__(self, var_list=None, max_to_keep=3, prefix_name="checkpoint", **kwargs):
+    def __init__(self, var_list=None, max_to_keep=3, prefix_name="checkpoint",
+                 restore_fewer_tables=False, **kwargs):
         self._runtime = _runtime.current("Saver")
+        self.restore_fewer_tables = check_bool("restore_fewer_tables", restore_fewer_tables)
         self.prefix_name = prefix_name  # Rec SDK's argument; the layout follows save_path
         if max_to_keep is None:  # TF's spelling of "keep all"
             max_to_keep = 0
@@ -252,7 +261,8 @@ class Saver:
             raise RuntimeError("Saver.restore() needs a started pipeline (the tables' slot "
                                "layout): call start_asc_pipeline() first.")
         directory = sparse_path(save_path)
-        tables = read_sparse_states(save_path, known=self._runtime.tables)
+        tables = read_sparse_states(save_path, known=self._runtime.tables,
+                                    skip_unknown=self.restore_fewer_tables)
         for name, state in tables.items():
             check_fits(self._runtime.tables[name], state, repr(directory))
         self._dense.restore(sess, save_path)

@@ -40,6 +40,7 @@ logger = logging.getLogger("sparseflow.estimator")
 _MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
 _INPUT_FN_ARGS = ("mode", "params", "config", "input_context")
 CHECKPOINT_BASENAME = "model.ckpt"
+_TENSORS = (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)
 
 
 def _fn_args(fn) -> set:
@@ -243,8 +244,13 @@ class Estimator:
         hooks = []
         if isinstance(result, (tf.data.Dataset, tf.compat.v1.data.Dataset)):
             iterator = tf.compat.v1.data.make_initializable_iterator(result)
+            graph = tf.compat.v1.get_default_graph()
+            before = len(graph.get_operations())
             result = iterator.get_next()
-            get_next = tf.nest.flatten(result)[0].op
+            # The IteratorGetNext op itself (composite values such as ragged tensors are
+            # rebuilt from its outputs by other ops).
+            get_next = next(op for op in graph.get_operations()[before:]
+                            if op.type.startswith("IteratorGetNext"))
             hooks.append(_hooks.DatasetInitializerHook(iterator, get_next))
         if isinstance(result, (tuple, list)):
             if len(result) != 2:
@@ -256,10 +262,16 @@ class Estimator:
         for part, value in (("features", features), ("labels", labels)):
             if value is None and part == "labels":
                 continue
-            flat = tf.nest.flatten(value)
-            if not flat or not all(isinstance(t, (tf.Tensor, tf.SparseTensor)) for t in flat):
-                fail("input_fn", f"a function whose {part} are a tensor or a dict of tensors",
-                     type(value).__name__, TypeError)
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            if not items:
+                fail("input_fn", f"a function whose {part} are a tensor or a non-empty dict",
+                     value, TypeError)
+            for key, item in items:
+                if not all(isinstance(t, _TENSORS) for t in tf.nest.flatten(item)):
+                    where = part if key is None else f"{part}[{key!r}]"
+                    fail("input_fn", f"a function whose {part} are a tensor or a dict of "
+                         f"tensors (dense, sparse or ragged)",
+                         f"{where} of type {type(item).__name__}", TypeError)
         return features, labels, hooks
 
     def _call_model_fn(self, features, labels, mode: str) -> EstimatorSpec:
@@ -290,10 +302,12 @@ class Estimator:
 
     def _saver(self, rt):
         """sparseflow's Saver when the graph has tables (dense variables and tables under one
-        step), else TF's."""
+        step), else TF's. Outside training the graph may hold fewer tables than the checkpoint
+        (a serving tower): those are restored, the others skipped."""
         keep = self._config.keep_checkpoint_max
         if rt.tables:
             return _saver.Saver(max_to_keep=keep, sharded=False,
+                                restore_fewer_tables=rt.read_only,
                                 keep_checkpoint_every_n_hours=self._config
                                 .keep_checkpoint_every_n_hours)
         return _saver._TF_SAVER(max_to_keep=keep, keep_checkpoint_every_n_hours=self
@@ -336,8 +350,9 @@ class Estimator:
             if manifest is not None:
                 held = manifest["tables"]
                 saved_tables = {name for name, t in rt.tables.items() if t.config.is_save}
-                for name in sorted(set(held) - set(rt.tables)):
-                    problems.append(f"table `{name}` is in it but not in this model")
+                if not rt.read_only:   # evaluation and serving may read a subset
+                    for name in sorted(set(held) - set(rt.tables)):
+                        problems.append(f"table `{name}` is in it but not in this model")
                 for name in sorted(saved_tables - set(held)):
                     problems.append(f"table `{name}` is not in it")
         if problems:
@@ -391,7 +406,10 @@ class Estimator:
             spec = self._call_model_fn(features, labels, ModeKeys.TRAIN)
             tf.compat.v1.summary.scalar("loss", spec.loss)
             saver = self._saver(rt)
-            scaffold = self._scaffold(spec.scaffold, saver, checkpoint)
+            state = tf.train.get_checkpoint_state(self._model_dir)
+            if state is not None:   # so keep_checkpoint_max counts those of earlier calls
+                saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+            scaffold = self._scaffold(spec.scaffold, saver, checkpoint, global_step, rt)
             if checkpoint is not None:
                 self._check_checkpoint(checkpoint, rt, "model_dir")
             cfg = self._config
@@ -412,10 +430,15 @@ class Estimator:
                 all_hooks.append(tf.compat.v1.train.SummarySaverHook(
                     save_steps=cfg.save_summary_steps, output_dir=self._model_dir,
                     scaffold=scaffold))
+            save_steps = cfg.save_checkpoints_steps
+            if save_steps is None and cfg.save_checkpoints_secs is None:
+                # No interval: a checkpoint when the session starts and one at the end only;
+                # tf.estimator saved none, losing the training.
+                save_steps = 2**62
             all_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
-                self._model_dir, save_secs=cfg.save_checkpoints_secs,
-                save_steps=cfg.save_checkpoints_steps, scaffold=scaffold,
-                checkpoint_basename=CHECKPOINT_BASENAME, listeners=listeners))
+                self._model_dir, save_secs=cfg.save_checkpoints_secs, save_steps=save_steps,
+                scaffold=scaffold, checkpoint_basename=CHECKPOINT_BASENAME,
+                listeners=listeners))
             loss = None
             with tf.compat.v1.train.MonitoredSession(
                     session_creator=self._session_creator(scaffold, checkpoint),
@@ -426,23 +449,35 @@ class Estimator:
                 logger.info("Loss for final step: %s.", loss)
         return self
 
-    def _scaffold(self, user, saver, checkpoint):
+    def _scaffold(self, user, saver, checkpoint, global_step, rt):
         """The user's scaffold (if any) with the Estimator's saver, and the warm start as its
-        init_fn when there is no checkpoint to resume from."""
+        init_fn when there is no checkpoint to resume from.
+
+        Raises:
+          ValueError: the user's scaffold has a saver and the model has tables (a TF saver
+            would leave them out of every checkpoint).
+        """
+        if user is not None and user.saver is not None and rt.tables:
+            fail("scaffold.saver", "None when the model has sparse tables (the Estimator's "
+                 "saver writes them with the dense variables; another would leave them out of "
+                 "every checkpoint)", user.saver)
         init_fn = user.init_fn if user is not None else None
-        warm = None
         if checkpoint is None and self._warm_start_from is not None:
             warm = self._require_checkpoint(self._warm_start_from)
+            # Built now: the graph is finalized before init_fn runs.
+            restart = global_step.assign(0)
 
             def init_fn(scaffold, sess, user_init=init_fn):
                 if user_init is not None:
                     user_init(scaffold, sess)
-                logger.info("Warm-starting from %s", warm)
+                logger.info("Warm-starting from %s (its variables, optimizer slots and "
+                            "tables; the global step starts at 0)", warm)
                 scaffold.saver.restore(sess, warm)
+                sess.run(restart)
 
-        return tf.compat.v1.train.Scaffold(saver=saver if user is None or user.saver is None
-                                           else user.saver, init_fn=init_fn,
-                                           copy_from_scaffold=user)
+        return tf.compat.v1.train.Scaffold(
+            saver=saver if user is None or user.saver is None else user.saver,
+            init_fn=init_fn, copy_from_scaffold=user)
 
     # -- evaluate ---------------------------------------------------------------------------
 
@@ -476,9 +511,10 @@ class Estimator:
             global_step = tf.compat.v1.train.get_or_create_global_step()
             features, labels, input_hooks = self._call_input_fn(input_fn, ModeKeys.EVAL)
             spec = self._call_model_fn(features, labels, ModeKeys.EVAL)
-            if "loss" in spec.eval_metric_ops:
-                fail("eval_metric_ops", "a dict without the key 'loss' (the Estimator's own "
-                     "metric: the mean loss)", sorted(spec.eval_metric_ops))
+            taken = sorted({"loss", "global_step"} & set(spec.eval_metric_ops))
+            if taken:
+                fail("eval_metric_ops", "a dict without the keys 'loss' and 'global_step' (the "
+                     "Estimator's own: the mean loss, the checkpoint's step)", taken)
             metrics = {"loss": tf.compat.v1.metrics.mean(spec.loss)}
             metrics.update(spec.eval_metric_ops)
             update = tf.group(*[update_op for _, update_op in metrics.values()])
