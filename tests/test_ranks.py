@@ -18,7 +18,7 @@ LAUNCHERS = [
     ({"RANK_ID": "5", "RANK_SIZE": "8"}, "RANK_ID=5, RANK_SIZE=8 (set by Rec SDK's rank table)"),
     ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2", "c:3"]},
                                "task": {"type": "worker", "index": 2}})},
-     "TF_CONFIG (worker 2 of 3)"),
+     "TF_CONFIG (worker 2, 3 training tasks)"),
 ]
 
 
@@ -61,3 +61,18 @@ def test_faces_refuse_several_ranks(monkeypatch, face):
             tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))},
                           tf2.SGD(0.1))
     assert not sf.runtime.is_initialized()
+
+
+def test_tf_config_counts_training_tasks_and_a_lone_chief_is_one_process():
+    lone_chief = json.dumps({"cluster": {"chief": ["a:1"]}, "task": {"type": "chief",
+                                                                    "index": 0}})
+    assert detect({"TF_CONFIG": lone_chief}).size == 1
+    chief_and_worker = {"cluster": {"chief": ["a:1"], "worker": ["b:2"], "ps": ["c:3"]},
+                        "task": {"type": "worker", "index": 0}}
+    assert detect({"TF_CONFIG": json.dumps(chief_and_worker)}) == Ranks(
+        1, 2, "TF_CONFIG (worker 0, 2 training tasks)")
+    chief_and_worker["task"] = {"type": "ps", "index": 0}
+    assert detect({"TF_CONFIG": json.dumps(chief_and_worker)}).size == 1
+    assert detect({"OMPI_COMM_WORLD_SIZE": "", "TF_CONFIG": ""}) == Ranks(0, 1)
+    with pytest.raises(ValueError, match="TF_CONFIG must be JSON like"):
+        detect({"TF_CONFIG": "{not json"})

@@ -20,6 +20,7 @@ its own on its part of the data.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 # (rank variable, size variable, launcher), in the order they are read.
@@ -65,20 +66,41 @@ def detect(environ=None) -> Ranks:
     """
     environ = os.environ if environ is None else environ
     for rank_name, size_name, launcher in _RANK_VARIABLES:
-        if size_name not in environ and rank_name not in environ:
+        # An empty value is as good as unset (some job scripts export VAR= ).
+        if not environ.get(size_name, "").strip() and not environ.get(rank_name, "").strip():
             continue
-        size = _int(size_name, environ.get(size_name, "1"))
-        rank = _int(rank_name, environ.get(rank_name, "0"))
+        size = _int(size_name, environ.get(size_name, "").strip() or "1")
+        rank = _int(rank_name, environ.get(rank_name, "").strip() or "0")
         if size < 1 or not 0 <= rank < size:
             raise ValueError(f"Environment variables {rank_name}={rank} and {size_name}={size} "
                              f"(set by {launcher}) must give a rank in [0, size).")
         return Ranks(rank, size, f"{rank_name}={rank}, {size_name}={size} (set by {launcher})")
-    from sparseflow.distributed.cluster import world_from_env
-    world = world_from_env(environ)
-    if world is not None:
-        return Ranks(world.index, world.size,
-                     f"TF_CONFIG (worker {world.index} of {world.size})")
-    return Ranks(0, 1)
+    return _from_tf_config(environ.get("TF_CONFIG", ""))
+
+
+def _from_tf_config(raw: str) -> Ranks:
+    """The training tasks of a ``TF_CONFIG`` (chief first, then workers; ps and evaluator
+    tasks train no replica), or ``Ranks(0, 1)`` for none. A one-replica cluster (a chief
+    alone, as cloud trainers set) is one process."""
+    if not raw.strip():
+        return Ranks(0, 1)
+    try:
+        config = json.loads(raw)
+        cluster, task = config.get("cluster", {}), config.get("task", {})
+        order = [(kind, i) for kind in ("chief", "worker")
+                 for i in range(len(cluster.get(kind, [])))]
+        kind, index = task.get("type"), task.get("index", 0)
+    except (ValueError, AttributeError, TypeError) as err:
+        raise ValueError(f"Environment variable TF_CONFIG must be JSON like {{\"cluster\": "
+                         f"{{\"worker\": [\"host:port\", ...]}}, \"task\": {{\"type\": "
+                         f"\"worker\", \"index\": 0}}}}; received {raw!r} "
+                         f"({type(err).__name__}: {err}).") from None
+    if len(order) <= 1:
+        return Ranks(0, 1)
+    if (kind, index) not in order:   # a ps or evaluator task: no replica of its own
+        return Ranks(0, 1, f"TF_CONFIG (a {kind} task)")
+    rank = order.index((kind, index))
+    return Ranks(rank, len(order), f"TF_CONFIG ({kind} {index}, {len(order)} training tasks)")
 
 
 def require_one_process(face: str, environ=None) -> Ranks:
