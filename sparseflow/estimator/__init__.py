@@ -5,6 +5,8 @@ first-class state. See docs/estimator.md.
 After ``import mx_rec``, ``tf.estimator`` resolves to this module when TensorFlow has none.
 """
 
+import tensorflow as _tf
+
 from sparseflow.estimator import export
 from sparseflow.estimator.estimator import Estimator
 from sparseflow.estimator.run_config import RunConfig
@@ -13,10 +15,10 @@ from sparseflow.estimator.training import EvalSpec, TrainSpec, train_and_evaluat
 from sparseflow.pipeline.graph_modifier import GraphModifierHook
 
 # tf.estimator's hook names, for scripts that take them from there.
-SessionRunHook = __import__("tensorflow").compat.v1.train.SessionRunHook
-LoggingTensorHook = __import__("tensorflow").compat.v1.train.LoggingTensorHook
-CheckpointSaverHook = __import__("tensorflow").compat.v1.train.CheckpointSaverHook
-CheckpointSaverListener = __import__("tensorflow").compat.v1.train.CheckpointSaverListener
+SessionRunHook = _tf.compat.v1.train.SessionRunHook
+LoggingTensorHook = _tf.compat.v1.train.LoggingTensorHook
+CheckpointSaverHook = _tf.compat.v1.train.CheckpointSaverHook
+CheckpointSaverListener = _tf.compat.v1.train.CheckpointSaverListener
 
 __all__ = ["CheckpointSaverHook", "CheckpointSaverListener", "Estimator", "EstimatorSpec",
            "EvalSpec", "GraphModifierHook", "LoggingTensorHook", "ModeKeys", "RunConfig",
