@@ -24,7 +24,6 @@ target <= 5%).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -163,13 +162,8 @@ def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=2048)
-    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
-    parser.add_argument("--worker", choices=["facade", "native"], help=argparse.SUPPRESS)
+    from report import rounds_parser
+    parser = rounds_parser(__doc__.splitlines()[0], ("facade", "native"))
     args = parser.parse_args()
     if args.rounds < 3 and args.write:
         parser.error("--write needs --rounds >= 3 (the result is a median)")

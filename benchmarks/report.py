@@ -76,3 +76,18 @@ def alternating_rounds(script: str, variants: tuple, args, rounds: int) -> dict:
             raise RuntimeError(f"The variants trained differently: final losses "
                                f"{dict(zip(variants, losses))}.")
     return runs
+
+
+def rounds_parser(description: str, variants: tuple):
+    """The command line of a benchmark of ``variants`` run by :func:`alternating_rounds`:
+    ``--rounds --steps --warmup --batch --write`` and the hidden ``--worker VARIANT``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
+    parser.add_argument("--worker", choices=list(variants), help=argparse.SUPPRESS)
+    return parser

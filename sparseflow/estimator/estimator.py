@@ -224,6 +224,12 @@ class Estimator:
         finally:
             _runtime.close(rt)
 
+    def _optional_args(self, args: set, mode: str) -> dict:
+        """``mode``, ``params`` and ``config`` for an ``input_fn`` / ``model_fn`` that takes
+        them."""
+        values = {"mode": mode, "params": self.params, "config": self._config}
+        return {name: value for name, value in values.items() if name in args}
+
     def _call_input_fn(self, input_fn, mode: str):
         """Returns (features, labels, hooks) from ``input_fn`` (a Dataset is iterated through
         an initializable iterator, as tf.estimator does)."""
@@ -231,13 +237,7 @@ class Estimator:
             fail("input_fn", "a callable returning a tf.data.Dataset or (features, labels)",
                  input_fn, TypeError)
         args = _fn_args(input_fn)
-        kwargs = {}
-        if "mode" in args:
-            kwargs["mode"] = mode
-        if "params" in args:
-            kwargs["params"] = self.params
-        if "config" in args:
-            kwargs["config"] = self._config
+        kwargs = self._optional_args(args, mode)
         if "input_context" in args:
             kwargs["input_context"] = None
         result = input_fn(**kwargs)
@@ -276,21 +276,15 @@ class Estimator:
 
     def _call_model_fn(self, features, labels, mode: str) -> EstimatorSpec:
         args = self._model_fn_args
-        kwargs = {}
         if not args:
             spec = self._model_fn(features, labels, mode)
         else:
+            kwargs = self._optional_args(args, mode)
             if "labels" in args:
                 kwargs["labels"] = labels
             elif labels is not None:
                 fail("model_fn", "a function taking `labels` when input_fn returns labels",
                      sorted(args))
-            if "mode" in args:
-                kwargs["mode"] = mode
-            if "params" in args:
-                kwargs["params"] = self.params
-            if "config" in args:
-                kwargs["config"] = self._config
             spec = self._model_fn(features=features, **kwargs)
         if not isinstance(spec, EstimatorSpec):
             fail("model_fn", "a function returning an EstimatorSpec", type(spec).__name__,
