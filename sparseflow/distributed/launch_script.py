@@ -66,7 +66,10 @@ def launch_script(command: list[str], ranks: int, grace_seconds: float = 30.0,
     procs, pumps = [], []
     try:
         for rank in range(ranks):
+            # Unbuffered: a rank's lines reach the terminal as it prints them, not when its
+            # pipe buffer fills.
             env = dict(os.environ, TF_CONFIG=local_tf_config(ports, rank),
+                       PYTHONUNBUFFERED="1",
                        **{RANK_VARIABLE: str(rank), WORLD_VARIABLE: str(ranks)})
             proc = subprocess.Popen([sys.executable, *command], env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
