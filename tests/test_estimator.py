@@ -700,3 +700,22 @@ def test_eval_metric_ops_may_not_take_the_estimators_names(trained):
     with pytest.raises(ValueError, match=r"Argument `eval_metric_ops` must be a dict without "
                                          r"the keys 'loss' and 'global_step'.*\['global_step'\]"):
         other.evaluate(model.input_fn(make_data(n_batches=1)))
+
+
+def test_predict_hooks_see_the_predict_runtime_and_the_caller_its_own(trained):
+    e, model = trained
+    seen = []
+
+    class Watch(tf.compat.v1.train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            seen.append(runtime.active())
+
+        def end(self, session):
+            seen.append(runtime.active())
+
+    between = []
+    for _ in e.predict(model.input_fn(make_data(n_batches=2)), hooks=[Watch()],
+                       yield_single_examples=False):
+        between.append(runtime.active())
+    assert len(seen) == 3 and all(rt is not None and rt.read_only for rt in seen)
+    assert between == [None, None]

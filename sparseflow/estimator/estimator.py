@@ -579,8 +579,9 @@ class Estimator:
         checkpoint = self._require_checkpoint(checkpoint_path)
         rt = self._new_runtime(ModeKeys.PREDICT)
         try:
-            # The runtime is active while the graph is built and the session created, not
-            # between the examples yielded: the caller's code runs there.
+            # The runtime is active while the graph is built, the session created and each
+            # run made (the hooks see it), not between the examples yielded: the caller's
+            # code runs there.
             with self._building(rt):
                 tf.compat.v1.train.get_or_create_global_step()
                 features, _, input_hooks = self._call_input_fn(input_fn, ModeKeys.PREDICT)
@@ -601,7 +602,8 @@ class Estimator:
             try:
                 while not sess.should_stop():
                     try:
-                        out = sess.run(predictions)
+                        with _runtime.activated(rt):   # for the hooks around the run
+                            out = sess.run(predictions)
                     except tf.errors.OutOfRangeError:
                         break
                     if not yield_single_examples:
@@ -609,7 +611,8 @@ class Estimator:
                         continue
                     yield from _examples(out)
             finally:
-                sess.close()
+                with _runtime.activated(rt):
+                    sess.close()
         finally:
             _runtime.close(rt)
 
