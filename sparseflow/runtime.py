@@ -124,10 +124,8 @@ def terminate_config_initializer() -> None:
     """Stops the key pipeline and forgets every table, spec and optimizer. Safe to call twice."""
     global _RUNTIME
     rt, _RUNTIME = _RUNTIME, None
-    if rt is None:
-        return
-    for table in rt.tables.values():
-        table.close()
+    if rt is not None:
+        close(rt)
 
 
 def scope(config: InitConfig | None = None, *, read_only: bool = False) -> Runtime:

@@ -27,11 +27,11 @@ import tensorflow as tf
 
 from sparseflow import runtime as _runtime
 from sparseflow.checkpoint import saver as _saver
-from sparseflow.checkpoint.sparse_format import CheckpointError
+from sparseflow.checkpoint.sparse_format import CheckpointError, read_manifest
 from sparseflow.estimator import hooks as _hooks
 from sparseflow.estimator.export import PredictOutput, ServingInputReceiver
 from sparseflow.estimator.run_config import RunConfig
-from sparseflow.estimator.spec import EstimatorSpec, ModeKeys
+from sparseflow.estimator.spec import EstimatorSpec, ModeKeys, check_hooks
 from sparseflow.pipeline import graph_modifier
 from sparseflow.validation import check_bool, fail
 
@@ -50,20 +50,17 @@ def _fn_args(fn) -> set:
         return set()
 
 
-def _check_steps(argument: str, value):
+def check_steps(argument: str, value):
+    """``value`` as an int > 0, or None.
+
+    Raises:
+      ValueError: anything else (a bool, a float, 0 or less), naming ``argument``.
+    """
     if value is None:
         return None
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
         fail(argument, "None or an int > 0", value)
     return int(value)
-
-
-def _check_hooks(argument: str, hooks) -> list:
-    hooks = list(hooks or [])
-    for hook in hooks:
-        if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-            fail(argument, "a list of tf.compat.v1.train.SessionRunHook", hook, TypeError)
-    return hooks
 
 
 class Estimator:
@@ -321,14 +318,8 @@ class Estimator:
           ValueError: naming ``argument``, the checkpoint and what differs.
         """
         saved = dict(tf.train.list_variables(checkpoint))
-        from sparseflow.embed.device_rows import DEVICE_ROWS_COLLECTION
-        from sparseflow.serving_graph import SERVING_ROWS_COLLECTION
-        skip = {v.name for c in (DEVICE_ROWS_COLLECTION, SERVING_ROWS_COLLECTION)
-                for v in tf.compat.v1.get_collection(c)}
         problems = []
-        for var in tf.compat.v1.global_variables():
-            if var.name in skip:
-                continue
+        for var in _dense_variables():
             name = var.op.name
             if name not in saved:
                 problems.append(f"variable `{name}` is not in it")
@@ -337,7 +328,7 @@ class Estimator:
                                 f"{var.shape.as_list()} here")
         if rt.tables:
             try:
-                manifest = _saver.fmt.read_manifest(_saver.sparse_path(checkpoint))
+                manifest = read_manifest(_saver.sparse_path(checkpoint))
             except CheckpointError as e:
                 problems.append(f"its sparse part is unreadable ({e})")
                 manifest = None
@@ -380,12 +371,12 @@ class Estimator:
             train op; the train op does not increase the global step (RuntimeError).
           TypeError: ``hooks`` holds something other than hooks.
         """
-        steps = _check_steps("steps", steps)
-        max_steps = _check_steps("max_steps", max_steps)
+        steps = check_steps("steps", steps)
+        max_steps = check_steps("max_steps", max_steps)
         if steps is not None and max_steps is not None:
             raise ValueError(f"Arguments `steps` and `max_steps` cannot both be set: choose "
                              f"one. Received: {steps}, {max_steps}")
-        hooks = _check_hooks("hooks", hooks)
+        hooks = check_hooks("hooks", hooks)
         listeners = list(saving_listeners or [])
         checkpoint = self.latest_checkpoint()
         if max_steps is not None and checkpoint is not None:
@@ -496,8 +487,8 @@ class Estimator:
           ValueError: no checkpoint, ``steps`` not None and not an int > 0, a checkpoint of
             another model, ``eval_metric_ops`` holding "loss", no loss from ``model_fn``.
         """
-        steps = _check_steps("steps", steps)
-        hooks = _check_hooks("hooks", hooks)
+        steps = check_steps("steps", steps)
+        hooks = check_hooks("hooks", hooks)
         if name is not None and not isinstance(name, str):
             fail("name", "a str or None", name, TypeError)
         checkpoint = self._require_checkpoint(checkpoint_path)
@@ -568,7 +559,7 @@ class Estimator:
             is given for a predictions tensor; predictions of different batch sizes with
             ``yield_single_examples``.
         """
-        hooks = _check_hooks("hooks", hooks)
+        hooks = check_hooks("hooks", hooks)
         check_bool("yield_single_examples", yield_single_examples)
         if predict_keys is not None:
             if isinstance(predict_keys, str):
@@ -651,8 +642,7 @@ class Estimator:
                  serving_input_receiver_fn, TypeError)
         check_bool("as_text", as_text)
         checkpoint = self._require_checkpoint(checkpoint_path)
-        from sparseflow.serving_graph import SERVING_ROWS_COLLECTION, ServingRows
-        from sparseflow.embed.device_rows import DEVICE_ROWS_COLLECTION
+        from sparseflow.serving_graph import ServingRows
         base = os.fspath(export_dir_base)
         os.makedirs(base, exist_ok=True)
         vocab_dir = tempfile.mkdtemp(prefix="sparseflow-export-vocab-")
@@ -676,9 +666,7 @@ class Estimator:
                     key: tf.compat.v1.saved_model.signature_def_utils.predict_signature_def(
                         receiver.receiver_tensors, output.outputs)
                     for key, output in outputs.items()}
-                skip = {v.name for c in (DEVICE_ROWS_COLLECTION, SERVING_ROWS_COLLECTION)
-                        for v in tf.compat.v1.get_collection(c)}
-                dense = [v for v in tf.compat.v1.global_variables() if v.name not in skip]
+                dense = _dense_variables()
                 self._check_checkpoint(checkpoint, rt, "checkpoint_path")
                 dense_saver = _saver._TF_SAVER(var_list=dense) if dense else None
                 # Built before the session runs anything: TF refuses ops changed after a run.
@@ -714,6 +702,16 @@ class Estimator:
 
     # tf.estimator 1.x's name.
     export_savedmodel = export_saved_model
+
+
+def _dense_variables() -> list:
+    """The current graph's variables a dense checkpoint holds: every global variable but the
+    rows of device tables and of an export graph's lookups (in the sparse part)."""
+    from sparseflow.embed.device_rows import DEVICE_ROWS_COLLECTION
+    from sparseflow.serving_graph import SERVING_ROWS_COLLECTION
+    sparse = {v.name for c in (DEVICE_ROWS_COLLECTION, SERVING_ROWS_COLLECTION)
+              for v in tf.compat.v1.get_collection(c)}
+    return [v for v in tf.compat.v1.global_variables() if v.name not in sparse]
 
 
 def _latest(model_dir: str) -> str | None:

@@ -24,8 +24,13 @@ _FIELDS = ("mode", "predictions", "loss", "train_op", "eval_metric_ops", "export
            "prediction_hooks")
 
 
-def _hooks(argument: str, hooks) -> tuple:
-    hooks = tuple(hooks or ())
+def check_hooks(argument: str, hooks) -> list:
+    """``hooks`` (None or an iterable of ``SessionRunHook``) as a list.
+
+    Raises:
+      TypeError: an element is not a hook, naming ``argument``.
+    """
+    hooks = list(hooks or ())
     for hook in hooks:
         if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
             fail(argument, "a list of tf.compat.v1.train.SessionRunHook", hook, TypeError)
@@ -101,7 +106,7 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _FIELDS)):
             fail("scaffold", "a tf.compat.v1.train.Scaffold or None", scaffold, TypeError)
         return super().__new__(
             cls, mode, predictions, loss, train_op, eval_metric_ops, export_outputs,
-            _hooks("training_chief_hooks", training_chief_hooks),
-            _hooks("training_hooks", training_hooks), scaffold,
-            _hooks("evaluation_hooks", evaluation_hooks),
-            _hooks("prediction_hooks", prediction_hooks))
+            tuple(check_hooks("training_chief_hooks", training_chief_hooks)),
+            tuple(check_hooks("training_hooks", training_hooks)), scaffold,
+            tuple(check_hooks("evaluation_hooks", evaluation_hooks)),
+            tuple(check_hooks("prediction_hooks", prediction_hooks)))

@@ -10,7 +10,8 @@ import time
 
 import tensorflow as tf
 
-from sparseflow.estimator.estimator import Estimator, _check_hooks, _check_steps
+from sparseflow.estimator.estimator import Estimator, check_steps
+from sparseflow.estimator.spec import check_hooks
 from sparseflow.validation import check_int, fail
 
 logger = logging.getLogger("sparseflow.estimator")
@@ -33,8 +34,8 @@ class TrainSpec(collections.namedtuple("TrainSpec", ["input_fn", "max_steps", "h
     def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
         if not callable(input_fn):
             fail("input_fn", "a callable", input_fn, TypeError)
-        return super().__new__(cls, input_fn, _check_steps("max_steps", max_steps),
-                               tuple(_check_hooks("hooks", hooks)),
+        return super().__new__(cls, input_fn, check_steps("max_steps", max_steps),
+                               tuple(check_hooks("hooks", hooks)),
                                tuple(saving_listeners or ()))
 
 
@@ -66,8 +67,8 @@ class EvalSpec(collections.namedtuple("EvalSpec", ["input_fn", "steps", "name", 
                  "training", exporters)
         if name is not None and not isinstance(name, str):
             fail("name", "a str or None", name, TypeError)
-        return super().__new__(cls, input_fn, _check_steps("steps", steps), name,
-                               tuple(_check_hooks("hooks", hooks)), (),
+        return super().__new__(cls, input_fn, check_steps("steps", steps), name,
+                               tuple(check_hooks("hooks", hooks)), (),
                                check_int("start_delay_secs", start_delay_secs, 0),
                                check_int("throttle_secs", throttle_secs, 0))
 
