@@ -133,7 +133,7 @@ def _run(argv: list[str], ports: list[int], log_dir: str, grace_seconds: float,
         print(f"sparseflow: started {workers} workers on localhost ports "
               f"{', '.join(map(str, ports))}; logs of workers 1.. in {log_dir}", file=stream,
               flush=True)
-        _watch(procs, grace_seconds, stream)
+        watch(procs, grace_seconds, stream)
     except BaseException:
         for p in procs:
             p.kill()
@@ -146,33 +146,49 @@ def _run(argv: list[str], ports: list[int], log_dir: str, grace_seconds: float,
     return procs
 
 
-def _watch(procs: list[subprocess.Popen], grace_seconds: float, stream) -> None:
-    """Polls the workers until all have ended, killing the rest ``grace_seconds`` after the
-    first failure, or at once when a worker could not listen on its port."""
-    first_failure, deadline = None, None
+def watch(procs: list[subprocess.Popen], grace_seconds: float, stream,
+          name: str = "worker", stop_at_once=(EXIT_ADDRESS_IN_USE,)):
+    """Polls the processes until all have ended, killing the rest ``grace_seconds`` after
+    the first failure, or at once when one exits with a status in ``stop_at_once`` (a worker
+    that could not listen on its port: the others wait for it, nothing ran yet).
+
+    Args:
+      procs: the processes, by index.
+      grace_seconds: how long the others may run after the first failure.
+      stream: where the lines about failures go.
+      name: what a process is called in them ("worker", "rank").
+      stop_at_once: exit statuses that end the others without waiting.
+
+    Returns:
+      (index, status) of the first process that failed, or None.
+    """
+    first, deadline = None, None
     while any(p.poll() is None for p in procs):
         for index, p in enumerate(procs):
             code = p.poll()
-            if code == EXIT_ADDRESS_IN_USE:
-                # The others wait for this worker to join the cluster; nothing ran yet.
+            if code in stop_at_once:
                 for other in procs:
                     if other.poll() is None:
                         other.kill()
-                return
-            if code not in (None, 0) and first_failure is None:
-                first_failure = index
+                return index, code
+            if code not in (None, 0) and first is None:
+                first = (index, code)
                 deadline = time.monotonic() + grace_seconds
-                print(f"sparseflow: worker {index} exited with status {_status(code)}"
-                      f"; waiting up to {grace_seconds:.0f} s for the others to stop",
+                print(f"sparseflow: {name} {index} exited with status {_status(code)}"
+                      f"; waiting up to {grace_seconds:g} s for the others to stop",
                       file=stream, flush=True)
         if deadline is not None and time.monotonic() > deadline:
             for index, p in enumerate(procs):
                 if p.poll() is None:
-                    print(f"sparseflow: killing worker {index} (still running "
-                          f"{grace_seconds:.0f} s after worker {first_failure} failed)",
+                    print(f"sparseflow: killing {name} {index} (still running "
+                          f"{grace_seconds:g} s after {name} {first[0]} failed)",
                           file=stream, flush=True)
                     p.kill()
-        time.sleep(0.2)
+        time.sleep(0.1)
+    if first is None:
+        first = next(((i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0),
+                     None)
+    return first
 
 
 def _where(index: int, log_dir: str) -> str:

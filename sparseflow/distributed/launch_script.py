@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 from sparseflow.distributed.cluster import local_tf_config
-from sparseflow.distributed.launch import _status, reserve_ports
+from sparseflow.distributed.launch import _status, reserve_ports, watch
 
 RANK_VARIABLE, WORLD_VARIABLE = "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"
 
@@ -81,7 +80,7 @@ def launch_script(command: list[str], ranks: int, grace_seconds: float = 30.0,
             pumps.append(pump)
         print(f"sparseflow launch: started {ranks} ranks of {' '.join(command)} (TF_CONFIG on "
               f"localhost ports {', '.join(map(str, ports))})", file=log, flush=True)
-        first = _watch(procs, grace_seconds, log)
+        first = watch(procs, grace_seconds, log, name="rank", stop_at_once=())
     except BaseException:
         for p in procs:
             p.kill()
@@ -99,29 +98,3 @@ def launch_script(command: list[str], ranks: int, grace_seconds: float = 30.0,
     print(f"sparseflow launch: rank {rank} failed with status {_status(code)}; the job "
           f"failed", file=log, flush=True)
     return code if code > 0 else 1
-
-
-def _watch(procs, grace_seconds: float, log):
-    """Polls until every process ended; kills the rest ``grace_seconds`` after the first
-    failure. Returns (rank, status) of the first failure, or None."""
-    first, deadline = None, None
-    while any(p.poll() is None for p in procs):
-        for rank, p in enumerate(procs):
-            code = p.poll()
-            if code not in (None, 0) and first is None:
-                first = (rank, code)
-                deadline = time.monotonic() + grace_seconds
-                print(f"sparseflow launch: rank {rank} exited with status {_status(code)}; "
-                      f"ending the others within {grace_seconds:g} s", file=log, flush=True)
-        if deadline is not None and time.monotonic() >= deadline:
-            for rank, p in enumerate(procs):
-                if p.poll() is None:
-                    print(f"sparseflow launch: killing rank {rank} (still running "
-                          f"{grace_seconds:g} s after rank {first[0]} failed)", file=log,
-                          flush=True)
-                    p.kill()
-        time.sleep(0.1)
-    if first is None:
-        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-        first = failed[0] if failed else None
-    return first
