@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -174,27 +173,21 @@ def main() -> None:
     load_start, started = os.getloadavg()[0], time.monotonic()
     from report import alternating_rounds
     runs = alternating_rounds(__file__, ("facade", "native"), args, args.rounds)
-    ratios = [f["samples_per_s"] / n["samples_per_s"]
-              for f, n in zip(runs["facade"], runs["native"])]
-    ratio = statistics.median(ratios)
-    median = {v: statistics.median(r["samples_per_s"] for r in runs[v]) for v in runs}
+    from report import compare
+    result = compare(runs, "facade", "native")
+    ratio = result["ratio"]
     verdict = "met" if 1 - ratio <= 0.05 else "missed"
     print(f"facade/native throughput: {ratio:.3f} (overhead {100 * (1 - ratio):.1f}%, "
           f"target <= 5%: {verdict})")
     if args.write:
         minutes = (time.monotonic() - started) / 60
-        write_section(args, runs, ratios, ratio, median, verdict, load_start, minutes)
+        write_section(args, result, verdict, load_start, minutes)
 
 
-def write_section(args, runs, ratios, ratio, median, verdict, load_start, minutes) -> None:
+def write_section(args, result, verdict, load_start, minutes) -> None:
     import tensorflow as tf
     from report import machine_line, replace_section
-    per_round = ", ".join(f"{x:.3f}" for x in ratios)
-    rows = "\n".join(
-        f"| {v} | {median[v]:,.0f} | "
-        + ", ".join(f"{r['samples_per_s'] / 1e3:.1f}k" for r in runs[v])
-        + f" | {statistics.median(r['ms_per_step'] for r in runs[v]):.1f} |"
-        for v in ("facade", "native"))
+    ratio, per_round, rows = result["ratio"], result["per_round"], result["rows"]
     replace_section(f"""{SECTION}
 
 Command: `.venv/bin/python benchmarks/bench_facade_overhead.py --rounds {args.rounds} --steps {args.steps} --write` ({minutes:.0f} min: {args.rounds} rounds, each variant in its own process, the order alternating; without `--write` it only prints).

@@ -91,3 +91,25 @@ def rounds_parser(description: str, variants: tuple):
     parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
     parser.add_argument("--worker", choices=list(variants), help=argparse.SUPPRESS)
     return parser
+
+
+def compare(runs: dict, numerator: str, denominator: str) -> dict:
+    """The per-round and median throughput ratio ``numerator / denominator`` of
+    :func:`alternating_rounds`' results, and the Markdown rows of a per-variant table
+    (``| variant | samples/s (median) | per round | ms/step (median) |``).
+
+    Returns:
+      dict with ``ratios`` (per round), ``ratio`` (their median), ``per_round`` (text) and
+      ``rows`` (text, one row per variant).
+    """
+    import statistics
+
+    ratios = [a["samples_per_s"] / b["samples_per_s"]
+              for a, b in zip(runs[numerator], runs[denominator])]
+    rows = "\n".join(
+        f"| {v} | {statistics.median(r['samples_per_s'] for r in runs[v]):,.0f} | "
+        + ", ".join(f"{r['samples_per_s'] / 1e3:.1f}k" for r in runs[v])
+        + f" | {statistics.median(r['ms_per_step'] for r in runs[v]):.1f} |"
+        for v in (numerator, denominator))
+    return {"ratios": ratios, "ratio": statistics.median(ratios),
+            "per_round": ", ".join(f"{x:.3f}" for x in ratios), "rows": rows}
