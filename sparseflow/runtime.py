@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -142,7 +141,7 @@ def scope(config: InitConfig | None = None, *, read_only: bool = False) -> Runti
     """
     if config is None:
         config = _RUNTIME.config if _RUNTIME is not None else InitConfig()
-    return Runtime(config=dataclasses.replace(config), read_only=read_only, scoped=True)
+    return Runtime(config=config, read_only=read_only, scoped=True)   # InitConfig is frozen
 
 
 @contextlib.contextmanager

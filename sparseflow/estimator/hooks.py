@@ -28,27 +28,23 @@ class DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
 
 class StartPipelineHook(tf.compat.v1.train.SessionRunHook):
     """Starts the key pipeline at ``begin`` when nothing else did (no ``GraphModifierHook``
-    among the user's hooks): graph modification when modify-graph lookups wait for it, else
-    ``start_asc_pipeline()``. A model without tables needs no pipeline."""
+    among the user's hooks): what ``GraphModifierHook`` does, with graph modification when
+    modify-graph lookups wait for it. A model without tables needs no pipeline."""
 
     def __init__(self):
-        self._initializers = None
+        self._modifier = None
 
     def begin(self):
         rt = _runtime.current("Estimator")
         if rt.pipeline_started or not rt.tables:
             return
-        state = rt.modify
-        if state is not None and state.lookups and not state.initializers:
-            graph_modifier.modify_graph_and_start_emb_cache()
-            self._initializers = list(state.initializers.values())
-        else:
-            from sparseflow.pipeline.manager import start_asc_pipeline
-            start_asc_pipeline()
+        pending = rt.modify is not None and bool(rt.modify.lookups)
+        self._modifier = graph_modifier.GraphModifierHook(modify_graph=pending)
+        self._modifier.begin()
 
     def after_create_session(self, session, coord):
-        if self._initializers:
-            session.run(self._initializers)
+        if self._modifier is not None:
+            self._modifier.after_create_session(session, coord)
 
 
 class GlobalStepCheckHook(tf.compat.v1.train.SessionRunHook):
