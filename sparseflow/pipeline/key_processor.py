@@ -365,7 +365,9 @@ class KeyProcessor:
         """What the training batch being processed changes (``seq`` set by the caller);
         called after its rows are assigned, before its timestamps are written."""
         keys = uniq[:n_unique]
-        logical = rows[:n_unique].copy()
+        # A view: the batch's own array, which nothing writes once its rows are assigned
+        # (a tiered table's placement no longer overwrites it).
+        logical = rows[:n_unique]
         counted = None
         if not from_sketch and self.threshold != 0:   # threshold 0 stops counting
             counted = weight[:n_unique]
