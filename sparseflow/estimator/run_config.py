@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from sparseflow.validation import check_int, fail, is_int
@@ -59,10 +61,9 @@ class RunConfig:
         if unknown:
             raise TypeError(f"RunConfig() got an unexpected keyword argument `{unknown[0]}`. "
                             f"Received: {unknown[0]}={kwargs[unknown[0]]!r}")
-        if model_dir is not None and not isinstance(model_dir, str):
-            model_dir = getattr(model_dir, "__fspath__", lambda: fail(
-                "model_dir", "a path (str) or None", model_dir, TypeError))()
-        self.model_dir = model_dir
+        if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
+            fail("model_dir", "a path (str or path-like) or None", model_dir, TypeError)
+        self.model_dir = None if model_dir is None else os.fspath(model_dir)
         if tf_random_seed is not None and not is_int(tf_random_seed):
             fail("tf_random_seed", "an int or None", tf_random_seed, TypeError)
         self.tf_random_seed = tf_random_seed
