@@ -66,7 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="how many processes")
     launch.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                         help="after a rank fails, how long the others may run (default 30)")
-    launch.add_argument("script", help="the Python script")
+    launch.add_argument("-m", dest="module", metavar="MODULE", default=None,
+                        help="run a module (python -m MODULE) instead of a script file")
+    launch.add_argument("script", help="the Python script (with -m: the module's first "
+                        "argument)", nargs="?")
     launch.add_argument("script_args", nargs=argparse.REMAINDER,
                         help="the script's own arguments")
     stats_help = ("Offline feature statistics over Parquet: distinct keys, skew, what each "
@@ -342,7 +345,7 @@ if __name__ == "__main__":
 
 
 def _launch(args) -> int:
-    """``sparseflow launch -n N script.py args...``."""
+    """``sparseflow launch -n N script.py args...`` (or ``-m module args...``)."""
     if not 1 <= args.ranks <= MAX_LOCAL_WORKERS:
         print(f"error: argument -n/--ranks must be an int in [1, {MAX_LOCAL_WORKERS}]. "
               f"Received: {args.ranks}", file=sys.stderr)
@@ -350,9 +353,12 @@ def _launch(args) -> int:
     if args.grace < 0:
         print(f"error: argument --grace must be >= 0. Received: {args.grace}", file=sys.stderr)
         return EXIT_USAGE
-    if not os.path.isfile(args.script):
+    from sparseflow.distributed.launch_script import launch_script
+    if args.module is not None:
+        rest = [a for a in [args.script] if a is not None] + args.script_args
+        return launch_script(["-m", args.module, *rest], args.ranks, args.grace)
+    if args.script is None or not os.path.isfile(args.script):
         print(f"error: argument script must be a Python file. Received: {args.script!r} "
               f"(not found)", file=sys.stderr)
         return EXIT_USAGE
-    from sparseflow.distributed.launch_script import launch_script
     return launch_script([args.script, *args.script_args], args.ranks, args.grace)

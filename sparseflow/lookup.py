@@ -118,6 +118,11 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         from sparseflow.serving_graph import serving_lookup
         return serving_lookup(rt.serving, hashtable, ids, batch, serving_default_value, name)
     if modify_graph:
+        if rt.world is not None:
+            raise NotImplementedError(
+                f"sparse_lookup(modify_graph=True) on rank {rt.world.rank} of {rt.world.size}: "
+                f"automatic graph modification does not shard tables yet. Map the dataset with "
+                f"get_asc_insert_func(FeatureSpecs) and look up FeatureSpecs.")
         if not isinstance(ids, tf.Tensor):
             fail("ids", "a tensor from iterator.get_next() when modify_graph=True", ids,
                  TypeError)
@@ -141,6 +146,10 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
     if not isinstance(batch, dict):
         fail("batch", "the dict produced by dataset.map(get_asc_insert_func(...)) then "
              "get_next()", type(batch).__name__, TypeError)
+    if rt.world is not None:   # the table is sharded over the ranks
+        from sparseflow.distributed.sharded_lookup import sharded_lookup
+        return sharded_lookup(rt, batch, hashtable, ids, name, is_train and is_grad,
+                              serving_default_value)
     rows = batch_rows(batch, hashtable.table_name) if ids.index_key in batch else None
     restore = batch_restore(batch, ids) if rows is not None else None
     if restore is None:

@@ -57,6 +57,10 @@ class Runtime:
     # plain TF lookups instead of the key pipeline (serving_graph.py).
     serving: object = None
     scoped: bool = False   # made by scope() for one graph, not by init()
+    # One of several ranks (distributed/graph_world.GraphWorld), None in one process; and the
+    # key routers of its insert plans (plan id -> distributed/routing.KeyRouter).
+    world: object = None
+    routers: dict = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -88,8 +92,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
 
     Raises:
       AlreadyInitializedError: ``init`` was already called and not terminated.
-      RuntimeError: this process is one of several ranks (``distributed/ranks.py``): the
-        Session API trains one process's tables.
+      RuntimeError: this process is one of several ranks (``distributed/ranks.py``) but
+        no ``TF_CONFIG`` gives the ranks' addresses (``distributed/graph_world.join``).
       TypeError, ValueError: an argument is of the wrong type or out of range.
     """
     global _RUNTIME
@@ -103,14 +107,15 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
     if max_steps == 0 and train_steps == 0 and eval_steps == 0:
         raise ValueError("Arguments `max_steps`, `train_steps` and `eval_steps` must not all be 0. "
                          "Received: 0, 0, 0")
-    from sparseflow.distributed.ranks import require_one_process
-    require_one_process("sparseflow.init()")
     if _RUNTIME is not None:
         raise AlreadyInitializedError(
             "sparseflow is already initialized: call terminate_config_initializer() before "
             "calling init() again.")
+    from sparseflow.distributed import graph_world, ranks
+    found = ranks.detect()
+    world = graph_world.join(found) if found.size > 1 else None
     config = InitConfig(**values)
-    _RUNTIME = Runtime(config=config)
+    _RUNTIME = Runtime(config=config, world=world)
     new = sorted(set(ignored) - _IGNORED_LOGGED)
     if new:
         _IGNORED_LOGGED.update(new)

@@ -577,6 +577,9 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                 f"disk tier sits behind host rows (table `{table_config.name}`, "
                 f"ssd_vocabulary_size={table_config.ssd_vocabulary_size}). Received: 'device'")
         rows_on = "host"
+    if rt.world is not None:
+        _check_shardable(rt.world, table_config, rows_on, block_rows)
+        rows_on = "host"
     if rows_on is None:
         rows_on = default_rows_on()
     with rt.lock:
@@ -596,3 +599,21 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     # Rec SDK's collection of sparse tables (what get_dense_and_sparse_variable returns).
     tf.compat.v1.add_to_collection(HASHTABLE_COLLECTION, table)
     return table
+
+
+def _check_shardable(world, config, rows_on, block_rows) -> None:
+    """Raises NotImplementedError for what a table sharded over ranks does not do yet."""
+    problems = []
+    if rows_on == "device":
+        problems.append("rows_on='device'")
+    if config.host_vocabulary_size or config.ssd_vocabulary_size:
+        problems.append(f"host_vocabulary_size={config.host_vocabulary_size}, "
+                        f"ssd_vocabulary_size={config.ssd_vocabulary_size} (a tier)")
+    if block_rows is not None:
+        problems.append("init(use_dynamic_expansion=True)")
+    if problems:
+        raise NotImplementedError(
+            f"Table `{config.name}` on rank {world.rank} of {world.size}: a table sharded over "
+            f"ranks keeps its shard's rows in host memory, without tiers or dynamic expansion "
+            f"yet; received {', '.join(problems)}. Create it with device_vocabulary_size only "
+            f"(rows_on='host' or None).")

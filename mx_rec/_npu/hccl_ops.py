@@ -1,16 +1,14 @@
-"""The Ascend TF adapter's HCCL collectives (``hccl_ops.allreduce(grad, "sum")``...).
-
-Over one rank a collective is the identity: a sum, max, min or product over one rank is the
-rank's own tensor, gathering from one rank gives its tensor, broadcasting from rank 0 to itself
-changes nothing. The rank count comes from ``mx_rec.util.communication.hccl_ops.world``;
-under several ranks each collective raises ``NotImplementedError`` naming itself, until the
-multi-process facade maps them onto TensorFlow's collectives (the all-reduce and all-gather of
-``MultiWorkerMirroredStrategy`` that sparseflow's multi-worker training already uses).
+"""The Ascend TF adapter's HCCL collectives (``hccl_ops.allreduce(grad, "sum")``...), on
+TensorFlow's collective ops (``sparseflow/distributed/collectives.py``) among the ranks
+``init()`` joined. Over one rank a collective is the identity: a sum, max, min or product over
+one rank is the rank's own tensor, gathering from one rank gives its tensor, broadcasting from
+rank 0 to itself changes nothing.
 """
 
 from __future__ import annotations
 
 from mx_rec.util.communication.hccl_ops import world
+from sparseflow.distributed import collectives
 from sparseflow.validation import INT32_MAX, check_int, fail
 
 __all__ = ["allgather", "allreduce", "broadcast"]
@@ -29,14 +27,15 @@ def _check_tensor(tensor) -> None:
         fail("tensor", "a tensor", tensor, TypeError)
 
 
-def _single_rank(collective: str) -> int:
-    """The rank count, which must be 1 until the multi-process facade maps ``collective``."""
+def _joined(collective: str) -> None:
+    """Several ranks need ``init()`` first: it starts the rank's server the collective
+    ops run on."""
+    from sparseflow.distributed.graph_world import current
     size = world()[1]
-    if size != 1:
-        raise NotImplementedError(
-            f"hccl_ops.{collective} over {size} ranks: the mx_rec facade runs one process; "
-            f"collectives over several ranks come with the multi-process facade.")
-    return size
+    if size > 1 and current() is None:
+        raise RuntimeError(
+            f"hccl_ops.{collective} on rank {world()[0]} of {size}: call init() first; it "
+            f"joins the ranks whose TensorFlow collectives the op runs on.")
 
 
 def allreduce(tensor, reduction, fusion=1, fusion_id=-1, group="hccl_world_group"):
@@ -50,11 +49,11 @@ def allreduce(tensor, reduction, fusion=1, fusion_id=-1, group="hccl_world_group
       group: the group's name.
 
     Returns:
-      ``tensor`` itself over one rank (the reduction of one value is that value).
+      The reduction over the ranks (``tensor`` itself over one rank).
 
     Raises:
       TypeError, ValueError: an argument is not one of the allowed values.
-      NotImplementedError: the process is one of several ranks.
+      RuntimeError: several ranks before ``init()``.
     """
     _check_tensor(tensor)
     if not isinstance(reduction, str) or reduction not in REDUCTIONS:
@@ -62,8 +61,8 @@ def allreduce(tensor, reduction, fusion=1, fusion_id=-1, group="hccl_world_group
     check_int("fusion", fusion, 0, 2)
     check_int("fusion_id", fusion_id, -1, INT32_MAX)
     _check_group(group)
-    _single_rank("allreduce")
-    return tensor
+    _joined("allreduce")
+    return collectives.all_reduce(tensor, reduction)
 
 
 def allgather(tensor, rank_size, group="hccl_world_group"):
@@ -75,19 +74,19 @@ def allgather(tensor, rank_size, group="hccl_world_group"):
       group: the group's name.
 
     Returns:
-      ``tensor`` itself over one rank.
+      The ranks' tensors concatenated (``tensor`` itself over one rank).
 
     Raises:
       TypeError, ValueError: an argument is not one of the allowed values.
-      NotImplementedError: the process is one of several ranks.
+      RuntimeError: several ranks before ``init()``.
     """
     _check_tensor(tensor)
     size = world()[1]
     if check_int("rank_size", rank_size, 1, INT32_MAX) != size:
         fail("rank_size", f"the number of ranks, {size}", rank_size)
     _check_group(group)
-    _single_rank("allgather")
-    return tensor
+    _joined("allgather")
+    return collectives.all_gather(tensor)
 
 
 def broadcast(tensor, root_rank, fusion=2, fusion_id=0, group="hccl_world_group"):
@@ -100,11 +99,11 @@ def broadcast(tensor, root_rank, fusion=2, fusion_id=0, group="hccl_world_group"
       group: the group's name.
 
     Returns:
-      The list ``tensor`` over one rank.
+      The list of ``root_rank``'s tensors (``tensor`` itself over one rank).
 
     Raises:
       TypeError, ValueError: an argument is not one of the allowed values.
-      NotImplementedError: the process is one of several ranks.
+      RuntimeError: several ranks before ``init()``.
     """
     if not isinstance(tensor, (list, tuple)):
         fail("tensor", "a list of tensors", tensor, TypeError)
@@ -112,5 +111,5 @@ def broadcast(tensor, root_rank, fusion=2, fusion_id=0, group="hccl_world_group"
     check_int("fusion", fusion, 0, 2)
     check_int("fusion_id", fusion_id, -1, INT32_MAX)
     _check_group(group)
-    _single_rank("broadcast")
-    return list(tensor)
+    _joined("broadcast")
+    return [collectives.broadcast(t, root_rank) for t in tensor]

@@ -59,10 +59,11 @@ class Exchange:
         return self._all_to_all(x, self._keys(1)[0])
 
     def reduce(self, x: tf.Tensor, op: str) -> tf.Tensor:
-        """Element-wise ``op`` (``"Add"`` or ``"Max"``) of ``x`` over the workers (same shape
-        everywhere); every worker gets the result. One worker: ``x`` itself."""
-        if op not in ("Add", "Max"):
-            raise ValueError(f"Argument `op` must be Add or Max; received: {op!r}")
+        """Element-wise ``op`` (``"Add"``, ``"Max"``, ``"Min"`` or ``"Mul"``) of ``x`` over
+        the workers (same shape everywhere); every worker gets the result. One worker: ``x``
+        itself."""
+        if op not in ("Add", "Max", "Min", "Mul"):
+            raise ValueError(f"Argument `op` must be Add, Max, Min or Mul; received: {op!r}")
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
         return tf.raw_ops.CollectiveReduceV2(

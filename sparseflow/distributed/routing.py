@@ -206,20 +206,21 @@ class KeyRouter:
         return np.int64(token)
 
     @_timed("gather")
-    def gather(self, token: int) -> np.ndarray:
+    def gather(self, token: int, keep: bool = True) -> np.ndarray:
         """The embeddings of :meth:`process` ``token``'s entries: float32 ``[N, m,
         max_dim]``, each at the entry's place (zeros for padding and keys without a row).
-        Read at call time: after the previous step's update."""
+        Read at call time: after the previous step's update. A training token is kept for
+        its gradients unless ``keep`` is False (no gradient will come)."""
         with self._lock:
             pending = self._pending[int(token)]
-            if not pending.train:
+            if not (pending.train and keep):
                 del self._pending[int(token)]
         reply = np.zeros((pending.n * pending.m, self.max_dim), np.float32)
         for table, (entries, result) in zip(self.tables, pending.tables):
             with table.rows.pinned() as storage:
                 shard_kernels.scatter_rows(storage, result.rows, result.restore, entries,
                                            table.dim, reply)
-            if not pending.train:
+            if not (pending.train and keep):
                 table.release_batch(result.seq, drain=True)
         return reply.reshape(pending.n, pending.m, self.max_dim)
 
@@ -244,15 +245,37 @@ class KeyRouter:
         Returns:
           The number of tables updated.
         """
+        summed = self.sum_gradients(token, grads)
+        for table, (rows, grad) in zip(self.tables, summed):
+            table.rows.optimizer.apply_at_rows(table, rows, grad)
+        return np.int64(len(summed))
+
+    def sum_gradients(self, token: int, grads: np.ndarray) -> list:
+        """Per table, the rows of :meth:`process` ``token``'s keys and each key's gradients
+        summed over its entries (so over workers): ``[(int32 rows [U], float32 [U, dim])]``,
+        -1 for keys without a row. The token's batch is released: its evicted rows are freed
+        by the optimizer's update (``after_update``), or now for a table without one. Tokens
+        older than ``token`` whose gradients never came (a training step that only looked
+        up) are released too.
+
+        Args:
+          token: from :meth:`process` (training).
+          grads: float32 ``[N, m, max_dim]`` in the layout :meth:`process` received.
+        """
         with self._lock:
             pending = self._pending.pop(int(token)).tables
+            stale = [self._pending.pop(t).tables for t in list(self._pending) if t < token]
+        for tables in stale:
+            for table, (_, result) in zip(self.tables, tables):
+                table.release_batch(result.seq, drain=True)
         flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
+        out = []
         for table, (entries, result) in zip(self.tables, pending):
             summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
-            table.rows.optimizer.apply_at_rows(table, result.rows, summed)
-            table.release_batch(result.seq, drain=True)
-        return np.int64(len(pending))
+            table.release_batch(result.seq, drain=table.rows.optimizer is None)
+            out.append((result.rows, summed))
+        return out
 
 
 def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:

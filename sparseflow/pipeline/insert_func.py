@@ -192,6 +192,9 @@ def get_asc_insert_func(tgt_key_specs=None, args_index_list=None, table_names=No
         timestamp = no_timestamp()
         if plan.timestamp is not None:
             timestamp = batch_timestamp(_feature(batch, plan.timestamp))
+        if rt.world is not None:   # one of several ranks: keys go to their owners in the step
+            from sparseflow.distributed.sharded_lookup import route_batch
+            return dict(batch, **route_batch(rt, plan, inputs, timestamp))
         process = _make_process(rt, plan)
         # One concatenated output plus its sizes: each numpy_function output costs ~50 us to
         # hand back (52 outputs: 2.5 ms per 26-table batch).

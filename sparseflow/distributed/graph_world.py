@@ -1,0 +1,213 @@
+"""The ranks of a ``tf.compat.v1`` graph program (the Session API, ``mx_rec``): one gRPC
+server per rank, sessions bound to it, and collectives as graph ops.
+
+A Rec SDK program opens ``tf.compat.v1.Session(config=...)`` itself, a local session that
+cannot reach another process. When :func:`join` has made this process one of N ranks,
+sessions created with no target are opened on this rank's server instead, with the config
+TensorFlow's graph-mode collectives need (``collective_group_leader``, and
+``device_filters`` so that the graph runs on this rank's devices only). The program's text
+does not change.
+
+Collective ops in a graph are run by every rank once per ``Session.run`` that fetches them;
+their instance keys are fixed when the op is built, in build order (:func:`instance_keys`),
+which is the same on every rank because every rank runs the same script. (An instance key
+may be reused from one ``Session.run`` to the next; within one run every collective needs its
+own.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import threading
+
+from sparseflow.distributed.cluster import AddressInUseError, World, _why_unbindable, world_from_env
+from sparseflow.distributed.exchange import Exchange
+from sparseflow.distributed.ranks import Ranks
+from sparseflow.pipeline.graph_cache import graph_cache
+
+# Above the keys of the YAML trainer's groups (1000-1002).
+GRAPH_GROUP_KEY = 2000
+DEFAULT_TIMEOUT_SECONDS = 300.0
+_LEADER = "/job:worker/replica:0/task:0"
+
+
+@dataclasses.dataclass
+class GraphWorld:
+    """This rank's place among the ranks of a graph program and its running server."""
+
+    rank: int
+    size: int
+    server: object
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+
+    @property
+    def target(self) -> str:
+        """The ``Session`` target of this rank's server."""
+        return self.server.target
+
+    def session_config(self, config=None):
+        """``config`` (a ``ConfigProto`` or None) with what graph collectives need."""
+        import tensorflow as tf
+
+        merged = tf.compat.v1.ConfigProto()
+        if config is not None:
+            merged.CopyFrom(config)
+        merged.experimental.collective_group_leader = _LEADER
+        own = f"/job:worker/task:{self.rank}"
+        if own not in merged.device_filters:
+            del merged.device_filters[:]
+            merged.device_filters.append(own)
+        return merged
+
+    def exchange(self, graph=None) -> "GraphExchange":
+        """The collectives of ``graph`` (default: the current one) among the ranks."""
+        import tensorflow as tf
+
+        graph = graph or tf.compat.v1.get_default_graph()
+        cache = graph_cache(graph, "graph_exchange")
+        if "exchange" not in cache:
+            cache["exchange"] = GraphExchange(self.size, self.timeout_seconds, graph)
+        return cache["exchange"]
+
+
+class GraphExchange(Exchange):
+    """:class:`Exchange` for graph programs. Each collective op has its own place in its
+    graph (build order) and counts its own runs; its instance key joins the two, so that
+    every rank gives the same run of the same op the same key, whatever order the ops of
+    one ``Session.run`` execute in, and a run never meets another run's peer (a rank that
+    finished an all-to-all may start the next step's while a slower peer still reads the
+    previous one)."""
+
+    def __init__(self, world_size: int, timeout_seconds: float, graph):
+        self.world_size = world_size
+        self.timeout_seconds = timeout_seconds
+        self.group_key = GRAPH_GROUP_KEY
+        self._graph = graph
+
+    def _keys(self, n: int):
+        return [_run_key(instance_keys(self._graph)) for _ in range(n)]
+
+
+def instance_keys(graph) -> int:
+    """The next collective op's place in ``graph`` (1, 2, ... in build order)."""
+    cache = graph_cache(graph, "collective_instance_keys")
+    counter = cache.setdefault("counter", itertools.count(1))
+    return next(counter)
+
+
+# An instance key is (op's place) * _RUNS + (run mod _RUNS): int32 keys for 2047 collective
+# ops per graph, each run told from the 2^20 runs before it.
+_RUNS = 1 << 20
+_OPS = (1 << 31) // _RUNS - 1
+
+
+def _run_key(place: int):
+    import numpy as np
+    import tensorflow as tf
+
+    if place > _OPS:
+        raise ValueError(f"A graph may hold at most {_OPS} collective ops among ranks; this "
+                         f"one would be op {place}.")
+    runs = itertools.count()
+
+    @tf.autograph.experimental.do_not_convert
+    def next_key():
+        return np.int32(place * _RUNS + next(runs) % _RUNS)
+
+    key = tf.numpy_function(next_key, [], tf.int32, stateful=True,
+                            name="sparseflow_collective_key")
+    key.set_shape([])
+    return key
+
+
+_WORLD: GraphWorld | None = None
+_LOCK = threading.Lock()
+
+
+def current() -> GraphWorld | None:
+    """The world :func:`join` made, or None (one process)."""
+    return _WORLD
+
+
+def join(ranks: Ranks, environ=None) -> GraphWorld:
+    """Makes this process rank ``ranks.rank`` of ``ranks.size`` for graph programs: starts
+    its gRPC server from ``TF_CONFIG`` and opens sessions created without a target on it.
+    A second call returns the same world.
+
+    Args:
+      ranks: what ``ranks.detect`` found (size > 1).
+      environ: the environment to read ``TF_CONFIG`` from (default ``os.environ``).
+
+    Returns:
+      The :class:`GraphWorld`.
+
+    Raises:
+      RuntimeError: no ``TF_CONFIG`` names the ranks' addresses, or it disagrees with
+        ``ranks``; both say what was found.
+      AddressInUseError: this rank's server could not listen on its address.
+    """
+    global _WORLD
+    with _LOCK:
+        if _WORLD is not None:
+            return _WORLD
+        world = world_from_env(environ)
+        if world is None:
+            raise RuntimeError(
+                f"This process is rank {ranks.rank} of {ranks.size} ({ranks.source}), but no "
+                f"TF_CONFIG gives the ranks' addresses, which TensorFlow's collectives need. "
+                f"Start the script with `sparseflow launch -n {ranks.size} script.py ...` "
+                f"(it sets TF_CONFIG), or set TF_CONFIG on every rank to "
+                f'{{"cluster": {{"worker": ["host:port", ...]}}, "task": {{"type": "worker", '
+                f'"index": RANK}}}}.')
+        if (world.index, world.size) != (ranks.rank, ranks.size):
+            raise RuntimeError(
+                f"TF_CONFIG makes this process worker {world.index} of {world.size}, but "
+                f"{ranks.source} says rank {ranks.rank} of {ranks.size}: they must agree.")
+        server = _start_server(world)
+        _WORLD = GraphWorld(world.index, world.size, server)
+        _bind_sessions(_WORLD)
+        return _WORLD
+
+
+def _start_server(world: World):
+    import json
+    import os
+
+    import tensorflow as tf
+
+    cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+    config = tf.compat.v1.ConfigProto()
+    config.experimental.collective_group_leader = _LEADER
+    config.device_filters.append(f"/job:worker/task:{world.index}")
+    try:
+        return tf.distribute.Server(cluster, job_name="worker", task_index=world.index,
+                                    config=config, protocol="grpc", start=True)
+    except tf.errors.UnknownError as err:
+        if "Could not start gRPC server" not in str(err):
+            raise
+        raise AddressInUseError(
+            f"rank {world.index} of {world.size} cannot listen on {world.address}, its "
+            f"address in TF_CONFIG (cluster.worker[{world.index}]): "
+            f"{_why_unbindable(world.address)}.") from None
+
+
+def _bind_sessions(world: GraphWorld) -> None:
+    """Sessions created with no target from now on run on ``world``'s server."""
+    from tensorflow.python.client import session
+
+    original = session.Session.__init__
+    if getattr(original, "_sparseflow_bound", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, target="", graph=None, config=None):
+        bound = _WORLD
+        if bound is not None and not target:
+            target, config = bound.target, bound.session_config(config)
+        original(self, target, graph, config)
+
+    __init__._sparseflow_bound = True
+    __init__._sparseflow_original = original
+    session.Session.__init__ = __init__

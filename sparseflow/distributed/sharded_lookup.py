@@ -1,0 +1,224 @@
+"""The Session API's lookups when N ranks train one model: each rank holds the keys
+``key mod N`` it owns, and every batch's keys travel to their owners and rows back.
+
+Per batch of one ``get_asc_insert_func`` (its plan), on every rank:
+
+1. The ``tf.data`` map (:func:`route_batch`) deduplicates each table's keys over the plan's
+   feature specs, finds their owners and lays them out in one ``[N, width, 2]`` send buffer
+   (``KeyRouter.route``); no key is admitted, counted or given a row there.
+2. In the step (:func:`sharded_lookup`, once per batch however many lookups share it): the
+   counts and keys go to their owners (``GraphExchange``: TensorFlow's collective ops in
+   the graph); each owner runs the keys it received through its shards' key processors
+   (admission, timestamps, eviction and row allocation where the key lives, a key sent by
+   two ranks counted once with both ranks' occurrences), reads their rows and sends them
+   back.
+3. The gradient of the step's loss w.r.t. the gathered rows goes back to the owners the same
+   way; each owner sums every key's gradients from all ranks and hands the table's sparse
+   optimizer one ``IndexedSlices`` over its rows, as one process would.
+
+Dense gradients are the program's to all-reduce (``hccl_ops.allreduce(grad, "sum")``, as
+Rec SDK's examples do): a loss written as the local batch's sum divided by the global batch
+size then trains N ranks exactly like one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from sparseflow.distributed.routing import KeyRouter
+from sparseflow.distributed.sharding import PAD_KEY
+from sparseflow.pipeline.graph_cache import graph_cache
+
+_ROUTE = "__sparseflow__/route/"
+_PARTS = ("send", "counts", "place", "gather", "sizes", "timestamp")
+
+
+def _key(part: str, plan) -> str:
+    return f"{_ROUTE}{part}/{plan.plan_id}"
+
+
+def router(rt, plan) -> KeyRouter:
+    """The plan's router over this rank's shards of the plan's tables, made on first use
+    (once every table exists).
+
+    Raises:
+      ValueError: a feature spec names a table that does not exist.
+    """
+    with rt.lock:
+        found = rt.routers.get(plan.plan_id)
+        if found is None:
+            missing = [name for name in plan.tables if name not in rt.tables]
+            if missing:
+                raise ValueError(f"FeatureSpec table_name {missing[0]!r} names no table. "
+                                 f"Tables: {sorted(rt.tables)}")
+            specs = list(plan.tables.values())
+            found = KeyRouter([rt.tables[name] for name in plan.tables],
+                              [t for t, group in enumerate(specs) for _ in group],
+                              [s.faae_coefficient for group in specs for s in group],
+                              rt.world.size)
+            rt.routers[plan.plan_id] = found
+    return found
+
+
+def route_batch(rt, plan, inputs: list, timestamp: tf.Tensor) -> dict:
+    """What the insert function adds to a batch on one of several ranks: the batch's keys
+    laid out by owner (see the module docstring), under reserved keys.
+
+    Args:
+      rt: the runtime (``rt.world`` set).
+      plan: the insert function's ``InsertPlan``.
+      inputs: each feature spec's key tensor, in the plan's spec order.
+      timestamp: int64 scalar (the batch's timestamp, or ``no_timestamp()``).
+    """
+    n, n_tables, n_specs = rt.world.size, len(plan.tables), len(inputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def route(*keys):
+        if not rt.pipeline_started:
+            raise RuntimeError("The sparseflow pipeline is not started: call "
+                               "start_asc_pipeline() before running the dataset.")
+        return router(rt, plan).route([np.asarray(k).reshape(-1) for k in keys])
+
+    flat = [tf.reshape(tf.cast(x, tf.int64), [-1]) for x in inputs]
+    send, counts, place, gather, sizes = tf.numpy_function(
+        route, flat, [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64], stateful=True,
+        name="sparseflow_route_keys")
+    values = (tf.ensure_shape(send, [n, None, 2]), tf.ensure_shape(counts, [n, n_tables]),
+              tf.ensure_shape(place, [None, 2]), tf.ensure_shape(gather, [None]),
+              tf.ensure_shape(sizes, [n_tables + n_specs]), tf.cast(timestamp, tf.int64))
+    return {_key(part, plan): value for part, value in zip(_PARTS, values)}
+
+
+def routed_plan(batch: dict, table_name: str):
+    """The plan whose routed keys in ``batch`` include ``table_name``'s, or None."""
+    from sparseflow import runtime as _runtime
+
+    rt = _runtime.current("sparse_lookup")
+    prefix = f"{_ROUTE}send/"
+    for key in batch:
+        if isinstance(key, str) and key.startswith(prefix):
+            plan = rt.insert_plans[int(key[len(prefix):])]
+            if table_name in plan.tables:
+                return plan
+    return None
+
+
+def sharded_lookup(rt, batch: dict, table, spec, name, with_grad: bool,
+                   serving_default_value) -> tf.Tensor:
+    """``sparse_lookup`` of ``spec`` on one of several ranks: float32
+    ``batch[spec.index_key].shape + [dim]``.
+
+    Raises:
+      ValueError: ``batch`` was not mapped by an insert function with ``spec``.
+      NotImplementedError: a ``serving_default_value`` (not carried between ranks yet).
+    """
+    if serving_default_value is not None:
+        raise NotImplementedError(
+            f"sparse_lookup(serving_default_value=...) on table `{table.table_name}`: keys "
+            f"without a row read zeros when {rt.world.size} ranks share the tables; a "
+            f"serving default is not carried between ranks yet. Leave it None.")
+    plan = routed_plan(batch, table.table_name)
+    if plan is None or spec.unique_name not in {s.unique_name for group in plan.tables.values()
+                                                 for s in group}:
+        raise ValueError(
+            f"Argument `batch` has no routed keys for FeatureSpec `{spec.name}` of table "
+            f"{table.table_name!r}: map the dataset with get_asc_insert_func(tgt_key_specs="
+            f"[...]) including this FeatureSpec before batch = iterator.get_next().")
+    flat = _batch_embeddings(rt, batch, plan)[spec.unique_name]
+    id_tensor = batch[spec.index_key]
+    with tf.name_scope(name or f"{table.table_name}_lookup"):
+        if not with_grad:
+            flat = tf.stop_gradient(flat)
+        out = tf.reshape(flat, tf.concat([tf.shape(id_tensor), [table.dim]], 0))
+        out.set_shape(id_tensor.shape.concatenate([table.dim]))
+        return out
+
+
+def _batch_embeddings(rt, batch: dict, plan) -> dict:
+    send = batch[_key("send", plan)]
+    cache = graph_cache(send.graph, "sharded_embeddings")
+    if send.name not in cache:
+        cache[send.name] = _build(rt, batch, plan)
+    return cache[send.name]
+
+
+def _build(rt, batch: dict, plan) -> dict:
+    """Every spec's embeddings of one batch (flat ``[n_keys, dim]``, by unique name)."""
+    send, counts, place, gather, sizes, timestamp = (batch[_key(p, plan)] for p in _PARTS)
+    route = router(rt, plan)
+    world = rt.world
+    exchange = world.exchange(send.graph)
+    train = plan.is_training
+    stamped = plan.timestamp is not None and train
+    tables = route.tables
+    max_dim = route.max_dim
+    # Set when a gradient of this batch's rows is built (graph construction, before any
+    # step runs): until then a training batch's keys are released right after the gather.
+    state = {"gradient": False}
+
+    @tf.autograph.experimental.do_not_convert
+    def process(received, received_counts, step_time):
+        return route.process(received, received_counts,
+                             int(step_time) if stamped else None, train)
+
+    @tf.autograph.experimental.do_not_convert
+    def read(token):
+        return route.gather(token, keep=state["gradient"])
+
+    def forward():
+        received, received_counts, step_time = exchange.all_to_all_dynamic(
+            send, counts, PAD_KEY, timestamp)
+        m = tf.shape(received)[1]
+        token = tf.numpy_function(process, [received, received_counts, step_time], tf.int64,
+                                  stateful=True, name="sparseflow_owner_keys")
+        reply = tf.numpy_function(read, [token], tf.float32, stateful=True,
+                                  name="sparseflow_owner_gather")
+        reply = tf.ensure_shape(reply, [world.size, None, max_dim])
+        back = exchange.all_to_all(reply)
+        where = place[:, 0] * m + place[:, 1]
+        unique = tf.gather(tf.reshape(back, [-1, max_dim]), where)
+        return unique, token, m, where
+
+    if train:
+        @tf.custom_gradient
+        def exchanged(*anchors):
+            del anchors  # only carry the gradients to the tables
+            unique, token, m, where = forward()
+
+            def grad(dy):
+                state["gradient"] = True
+                dy = tf.convert_to_tensor(dy)
+                to_owners = tf.scatter_nd(where[:, None], dy, tf.stack([world.size * m,
+                                                                        max_dim]))
+                received = exchange.all_to_all(tf.reshape(to_owners,
+                                                          [world.size, -1, max_dim]))
+
+                @tf.autograph.experimental.do_not_convert
+                def summed(token, grads):
+                    return [a for rows, g in route.sum_gradients(token, grads)
+                            for a in (rows, g)]
+
+                outs = tf.numpy_function(summed, [token, received],
+                                         [tf.int32, tf.float32] * len(tables),
+                                         stateful=True, name="sparseflow_owner_gradients")
+                slices = []
+                for t, table in enumerate(tables):
+                    rows, values = outs[2 * t], outs[2 * t + 1]
+                    rows.set_shape([None])
+                    values.set_shape([None, table.dim])
+                    slices.append(tf.IndexedSlices(
+                        values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))
+                return slices
+
+            return unique, grad
+
+        unique = exchanged(*[t.gradient_anchor() for t in tables])
+    else:
+        unique = forward()[0]
+
+    n_tables = len(tables)
+    specs = [s for group in plan.tables.values() for s in group]
+    pieces = tf.split(gather, sizes[n_tables:], num=len(specs))
+    return {spec.unique_name: tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece)
+            for spec, piece in zip(specs, pieces)}

@@ -1,0 +1,79 @@
+"""A Session-API program in Rec SDK's shape, run as 1 rank or as N (``sparseflow launch``)
+by tests/test_session_ranks.py: the same global batches either way.
+
+    python -m tests.workers.session_ranks OUT_DIR [STEPS]
+
+Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
+tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
+the local batch's sum divided by the global batch size. Each rank writes
+``OUT_DIR/rank{r}.npz``: the step losses (over the global batch) and its shard of each
+table (sorted by key).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import sparseflow as sf  # noqa: E402
+from sparseflow.distributed import collectives  # noqa: E402
+from sparseflow.optimizers import lazy_adam  # noqa: E402
+from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
+
+GLOBAL_BATCH = 32
+
+
+def main(out_dir: str, steps: int) -> None:
+    tf.compat.v1.disable_eager_execution()
+    sf.init()
+    rank, size = collectives.rank_and_size()
+    data = two_table_data(seed=3, n_rows=GLOBAL_BATCH * steps, v1=300, v2=60, drift=7)
+    data["ts"] = np.arange(GLOBAL_BATCH * steps, dtype=np.int64) // GLOBAL_BATCH
+    specs = [sf.FeatureSpec("f1", table_name="a", access_threshold=2, faae_coefficient=1),
+             sf.FeatureSpec("f2", table_name="a", access_threshold=2, faae_coefficient=2),
+             sf.FeatureSpec("f3", table_name="b"),
+             sf.FeatureSpec("ts", is_timestamp=True)]
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=7)
+    tables = [sf.create_table(tf.int64, 8, "a", init, device_vocabulary_size=4000),
+              sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200)]
+    # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
+    # dataset.shard by rank before batching).
+    ds = tf.data.Dataset.from_tensor_slices(data).shard(size, rank)
+    ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True)
+    ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
+    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    pooled = [tf.reduce_sum(sf.sparse_lookup(tables[0 if s.table_name == "a" else 1], s,
+                                             batch=batch), 1) for s in specs[:3]]
+    x = tf.concat(pooled, axis=1)
+    w0 = np.random.default_rng(5).normal(0, 0.3, (int(x.shape[1]), 1)).astype(np.float32)
+    w = tf.compat.v1.get_variable("w", initializer=w0)
+    logit = tf.squeeze(tf.matmul(x, w), 1)
+    local = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
+                                                                  logits=logit))
+    loss = local / GLOBAL_BATCH
+    dense, sparse = sf.get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, dense + sparse)
+    dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
+    train = tf.group(
+        tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense)),
+        lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
+    global_loss = collectives.all_reduce(loss, "sum")
+    sf.start_asc_pipeline()
+    losses = []
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(steps):
+            losses.append(sess.run([global_loss, train])[0])
+        out = {"losses": np.asarray(losses), "w": sess.run(w)}
+    for table in tables:
+        for name, value in sorted_state(table).items():
+            out[f"{table.table_name}/{name}"] = value
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), size=size, **out)
+    sf.terminate_config_initializer()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 12)
