@@ -55,8 +55,8 @@ def test_a_failed_rank_ends_the_others_and_the_job(tmp_path):
 
 def test_a_one_process_face_refuses_to_run_as_one_of_several_ranks(tmp_path):
     done = launch(tmp_path, """
-        import sparseflow as sf
-        sf.init()
+        from sparseflow import tf2
+        tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))}, tf2.SGD(0.1))
         print("trained alone")
         """)
     assert done.returncode == 1
@@ -73,3 +73,14 @@ def test_usage_errors(tmp_path):
                               "nowhere.py"], capture_output=True, text=True, env=ENV,
                              cwd=str(tmp_path))
     assert missing.returncode == 2 and "'nowhere.py' (not found)" in missing.stderr
+
+
+def test_a_module_runs_on_every_rank_with_its_arguments(tmp_path):
+    (tmp_path / "rank_echo.py").write_text(
+        "import os, sys\nprint(os.environ['SPARSEFLOW_RANK'], sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", "2", "-m",
+                           "rank_echo", "a", "--b"], capture_output=True, text=True,
+                          env=dict(ENV, PYTHONPATH=str(tmp_path)), cwd=str(tmp_path),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] 0 ['a', '--b']" in done.stdout and "[rank 1] 1 ['a', '--b']" in done.stdout

@@ -45,16 +45,36 @@ def test_one_process_and_the_reading_order():
         detect({"RANK_ID": "4", "RANK_SIZE": "4"})
 
 
-@pytest.mark.parametrize("face", ["init", "estimator", "tf2"])
+def test_init_over_several_ranks_without_addresses_names_what_it_found(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 \(HOROVOD_RANK=1.*no TF_CONFIG gives "
+                                           r"the ranks' addresses.*sparseflow launch -n 2"):
+        sf.init()
+    assert not sf.runtime.is_initialized()
+
+
+def test_init_refuses_a_tf_config_that_disagrees_with_the_launcher(monkeypatch):
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1",
+                                                                       "localhost:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(RuntimeError, match=r"TF_CONFIG makes this process worker 0 of 2, but "
+                                           r"HOROVOD_RANK=1.* says rank 1 of 2"):
+        sf.init()
+    assert not sf.runtime.is_initialized()
+
+
+@pytest.mark.parametrize("face", ["estimator", "tf2"])
 def test_faces_refuse_several_ranks(monkeypatch, face):
     monkeypatch.setenv("HOROVOD_RANK", "1")
     monkeypatch.setenv("HOROVOD_SIZE", "2")
     with pytest.raises(RuntimeError, match=r"this process is rank 1 of 2 \(HOROVOD_RANK=1.*"
                                            r"each of the 2 ranks would train a model of its "
                                            r"own"):
-        if face == "init":
-            sf.init()
-        elif face == "estimator":
+        if face == "estimator":
             est.Estimator(lambda features: None)
         else:
             from sparseflow import tf2

@@ -1,0 +1,103 @@
+"""The Session API (and mx_rec) on several ranks: one model over tables sharded by key.
+
+Each test launches real processes with ``sparseflow launch`` on loopback and compares them
+with one process on the same global batches (the reference), or with numpy.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sparseflow.table import _check_shardable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args: list, ranks: int | None, timeout: float = 300.0) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
+        env.pop(name, None)
+    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
+                "5", "-m"] if ranks else [sys.executable, "-m"]) + args
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return out.stdout + out.stderr
+
+
+def _shards(directory, n: int) -> list:
+    return [np.load(os.path.join(directory, f"rank{r}.npz")) for r in range(n)]
+
+
+@pytest.fixture(scope="module")
+def one_and_two_ranks(tmp_path_factory):
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    _run(["tests.workers.session_ranks", str(one), "12"], None)
+    _run(["tests.workers.session_ranks", str(two), "12"], 2)
+    return _shards(one, 1)[0], _shards(two, 2)
+
+
+def test_two_ranks_lose_what_one_rank_loses_on_the_same_global_batches(one_and_two_ranks):
+    one, two = one_and_two_ranks
+    assert int(two[0]["size"]) == 2 and int(one["size"]) == 1
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(shard["w"], one["w"], rtol=0, atol=1e-5)
+    assert one["losses"][-1] < one["losses"][0]
+
+
+@pytest.mark.parametrize("table", ["a", "b"])
+def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts(
+        one_and_two_ranks, table):
+    one, two = one_and_two_ranks
+    keys = [shard[f"{table}/keys"] for shard in two]
+    for rank, owned in enumerate(keys):
+        assert (owned % 2 == rank).all()
+    merged = np.concatenate(keys)
+    order = np.argsort(merged)
+    np.testing.assert_array_equal(merged[order], one[f"{table}/keys"])
+    assert len(one[f"{table}/keys"]) > 50
+    for name in ("weights", "momentum", "velocity", "counts", "last_seen"):
+        ours = np.concatenate([shard[f"{table}/{name}"] for shard in two])[order]
+        np.testing.assert_allclose(ours, one[f"{table}/{name}"], rtol=0, atol=1e-5,
+                                   err_msg=name)
+    counted = np.sort(np.concatenate([shard[f"{table}/counted"] for shard in two]))
+    np.testing.assert_array_equal(counted, one[f"{table}/counted"])
+    for shard in two:
+        assert int(shard[f"{table}/clock"]) == int(one[f"{table}/clock"])
+        assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"])
+
+
+def test_table_a_admits_keys_on_the_counts_of_every_rank(one_and_two_ranks):
+    one, _ = one_and_two_ranks
+    # Keys seen once by the global batches stay out (threshold 2): some are counted only.
+    assert len(one["a/counted"]) > 0
+
+
+def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
+    _run(["tests.workers.hccl_ranks", str(tmp_path)], 2)
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) - r for r in range(2)]
+    expected = {"sum": values[0] + values[1], "max": np.maximum(*values),
+                "min": np.minimum(*values), "prod": values[0] * values[1],
+                "gather": np.concatenate(values), "broadcast": values[1],
+                "variable": values[0]}
+    for shard in _shards(tmp_path, 2):
+        for name, value in expected.items():
+            np.testing.assert_allclose(shard[name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_sharded_table_refuses_what_shards_do_not_hold_yet():
+    from types import SimpleNamespace
+
+    world = SimpleNamespace(rank=1, size=2)
+    config = SimpleNamespace(name="t", host_vocabulary_size=10, ssd_vocabulary_size=0)
+    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .*received "
+                                                  r"rows_on='device', host_vocabulary_size=10"):
+        _check_shardable(world, config, "device", None)
+    plain = SimpleNamespace(name="t", host_vocabulary_size=0, ssd_vocabulary_size=0)
+    _check_shardable(world, plain, "host", None)
+    with pytest.raises(NotImplementedError, match="use_dynamic_expansion"):
+        _check_shardable(world, plain, None, 1024)
