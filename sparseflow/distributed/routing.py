@@ -206,23 +206,27 @@ class KeyRouter:
         return np.int64(token)
 
     @_timed("gather")
-    def gather(self, token: int, keep: bool = True) -> np.ndarray:
+    def gather(self, token: int, keep: bool = True, flags: bool = False) -> np.ndarray:
         """The embeddings of :meth:`process` ``token``'s entries: float32 ``[N, m,
         max_dim]``, each at the entry's place (zeros for padding and keys without a row).
         Read at call time: after the previous step's update. A training token is kept for
-        its gradients unless ``keep`` is False (no gradient will come)."""
+        its gradients unless ``keep`` is False (no gradient will come). With ``flags``, one
+        more column says whether the entry's key owns a row (1.0) or not (0.0)."""
         with self._lock:
             pending = self._pending[int(token)]
             if not (pending.train and keep):
                 del self._pending[int(token)]
-        reply = np.zeros((pending.n * pending.m, self.max_dim), np.float32)
+        width = self.max_dim + int(flags)
+        reply = np.zeros((pending.n * pending.m, width), np.float32)
         for table, (entries, result) in zip(self.tables, pending.tables):
             with table.rows.pinned() as storage:
                 shard_kernels.scatter_rows(storage, result.rows, result.restore, entries,
                                            table.dim, reply)
+            if flags:
+                reply[entries, self.max_dim] = result.rows[result.restore] >= 0
             if not (pending.train and keep):
                 table.release_batch(result.seq, drain=True)
-        return reply.reshape(pending.n, pending.m, self.max_dim)
+        return reply.reshape(pending.n, pending.m, width)
 
     def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
                train: bool):

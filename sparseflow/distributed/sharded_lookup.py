@@ -111,13 +111,7 @@ def sharded_lookup(rt, batch: dict, table, spec, name, with_grad: bool,
 
     Raises:
       ValueError: ``batch`` was not mapped by an insert function with ``spec``.
-      NotImplementedError: a ``serving_default_value`` (not carried between ranks yet).
     """
-    if serving_default_value is not None:
-        raise NotImplementedError(
-            f"sparse_lookup(serving_default_value=...) on table `{table.table_name}`: keys "
-            f"without a row read zeros when {rt.world.size} ranks share the tables; a "
-            f"serving default is not carried between ranks yet. Leave it None.")
     plan = routed_plan(batch, table.table_name)
     if plan is None or spec.unique_name not in {s.unique_name for group in plan.tables.values()
                                                  for s in group}:
@@ -125,9 +119,12 @@ def sharded_lookup(rt, batch: dict, table, spec, name, with_grad: bool,
             f"Argument `batch` has no routed keys for FeatureSpec `{spec.name}` of table "
             f"{table.table_name!r}: map the dataset with get_asc_insert_func(tgt_key_specs="
             f"[...]) including this FeatureSpec before batch = iterator.get_next().")
-    flat = _batch_embeddings(rt, batch, plan)[spec.unique_name]
+    flat, has_row = _batch_embeddings(rt, batch, plan)[spec.unique_name]
     id_tensor = batch[spec.index_key]
     with tf.name_scope(name or f"{table.table_name}_lookup"):
+        if serving_default_value is not None:
+            default = tf.broadcast_to(serving_default_value, [table.dim])
+            flat = tf.where(tf.expand_dims(has_row, 1), flat, tf.expand_dims(default, 0))
         if not with_grad:
             flat = tf.stop_gradient(flat)
         out = tf.reshape(flat, tf.concat([tf.shape(id_tensor), [table.dim]], 0))
@@ -164,7 +161,7 @@ def _build(rt, batch: dict, plan) -> dict:
 
     @tf.autograph.experimental.do_not_convert
     def read(token):
-        return route.gather(token, keep=state["gradient"])
+        return route.gather(token, keep=state["gradient"], flags=True)
 
     def forward():
         received, received_counts, step_time = exchange.all_to_all_dynamic(
@@ -174,17 +171,18 @@ def _build(rt, batch: dict, plan) -> dict:
                                   stateful=True, name="sparseflow_owner_keys")
         reply = tf.numpy_function(read, [token], tf.float32, stateful=True,
                                   name="sparseflow_owner_gather")
-        reply = tf.ensure_shape(reply, [world.size, None, max_dim])
+        reply = tf.ensure_shape(reply, [world.size, None, max_dim + 1])
         back = exchange.all_to_all(reply)
         where = place[:, 0] * m + place[:, 1]
-        unique = tf.gather(tf.reshape(back, [-1, max_dim]), where)
-        return unique, token, m, where
+        both = tf.gather(tf.reshape(back, [-1, max_dim + 1]), where)
+        return both[:, :max_dim], both[:, max_dim] > 0.5, token, m, where
 
     if train:
         @tf.custom_gradient
         def exchanged(*anchors):
             del anchors  # only carry the gradients to the tables
-            unique, token, m, where = forward()
+            unique, has_row, token, m, where = forward()
+            flags.append(has_row)
 
             def grad(dy):
                 state["gradient"] = True
@@ -213,12 +211,15 @@ def _build(rt, batch: dict, plan) -> dict:
 
             return unique, grad
 
+        flags = []   # the row flags, which carry no gradient, leave through this list
         unique = exchanged(*[t.gradient_anchor() for t in tables])
+        has_row = flags[0]
     else:
-        unique = forward()[0]
+        unique, has_row = forward()[:2]
 
     n_tables = len(tables)
     specs = [s for group in plan.tables.values() for s in group]
     pieces = tf.split(gather, sizes[n_tables:], num=len(specs))
-    return {spec.unique_name: tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece)
+    return {spec.unique_name: (tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece),
+                               tf.gather(has_row, piece))
             for spec, piece in zip(specs, pieces)}

@@ -259,7 +259,9 @@ if __name__ == "__main__":
                    train_batches=MAX_TRAIN_STEPS, eval_batches=EVAL_STEPS,
                    access_threshold=cfg.access_threshold, use_timestamp=USE_TIMESTAMP,
                    multi_lookup_times=MULTI_LOOKUP_TIMES if use_multi_lookup else 0)
-    with open(RESULTS_FILE, "w") as f:
+    # Several ranks share the working directory: each writes its own results.
+    results_file = RESULTS_FILE if get_rank_size() == 1 else f"results-{get_rank_id()}.json"
+    with open(results_file, "w") as f:
         json.dump(results, f)
     terminate_config_initializer()
     logger.info("Demo done!")

@@ -1,0 +1,96 @@
+"""Rec SDK programs on several ranks: our program in the shape of Rec SDK's little demo runs
+unchanged under ``sparseflow launch -n 2`` (as Rec SDK's run.sh runs it under
+``horovodrun -np N``) and trains one model over tables sharded by key.
+
+The demo shards its batches by rank (``dataset.shard(rank_size, rank_id)`` on batches), so
+global step i trains batches 2i and 2i+1 of the generated stream, one per rank. Its dense
+gradients are all-reduced with ``hccl_ops.allreduce(grad, "sum")``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, FEATURE, NEW_THRESHOLD,
+                                         ROOT, STEPS, THRESHOLD_STEP, _generator,
+                                         admitted_sizes)
+
+RANKS = 2
+
+
+def run_demo_ranks(cwd, mode, switches):
+    """Runs main.py on RANKS ranks in ``cwd``; returns each rank's results (list of dict)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode,
+               **dict(DEFAULTS, **switches))
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", str(RANKS),
+                           "--grace", "5", os.path.join(DEMO, "main.py")], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (f"USE_MODE={mode} {switches} exited {done.returncode}:\n"
+                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    results = []
+    for rank in range(RANKS):
+        with open(os.path.join(cwd, f"results-{rank}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def merged_reference_sizes(results, table, switch_step):
+    """The table's key count (all shards) after each global step: step i admits on the keys
+    of batches 2i and 2i+1 together (their counts add up at the owner)."""
+    generator = _generator()
+    batches = [np.concatenate([generator.make_batch(results["data"], results["train_seed"],
+                                                    RANKS * i + r)[FEATURE[table]]
+                               for r in range(RANKS)]) for i in range(STEPS)]
+    lookups = 1 + results["multi_lookup_times"] if table == "user_table" else 1
+    base = results["access_threshold"] if results["use_timestamp"] else None
+    thresholds = [NEW_THRESHOLD if table == "user_table" and results["set_threshold"]
+                  and i >= switch_step else base for i in range(STEPS)]
+    return admitted_sizes(batches, COEFFICIENT[table], lookups, thresholds)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("demo_ranks")
+    switches = {"USE_TIMESTAMP": "1"}
+    return cwd, switches, run_demo_ranks(cwd, "train", switches)
+
+
+def test_the_ranks_train_one_model_whose_loss_falls(trained):
+    _, _, (first, second) = trained
+    # The losses are each rank's own batch's; the dense variables, all-reduced, stay one.
+    for results in (first, second):
+        losses = np.array(results["train_loss"])
+        assert losses.shape == (STEPS, 2)
+        assert losses[-10:, 0].mean() < losses[:10, 0].mean(), losses[:, 0]
+        assert results["saved"] == [20, 40]
+    assert np.array(first["train_loss"]).tolist() != np.array(second["train_loss"]).tolist()
+
+
+@pytest.mark.parametrize("table", ["user_table", "item_table"])
+def test_the_shards_together_hold_the_keys_admitted_over_both_ranks_batches(trained, table):
+    _, _, ranks = trained
+    total = np.sum([np.array(r["table_size"][table]) for r in ranks], axis=0)
+    # set_threshold ran on every rank at step THRESHOLD_STEP; the owners admit in the
+    # step, so the next step is the first under the new threshold.
+    reference = merged_reference_sizes(ranks[0], table, THRESHOLD_STEP)
+    np.testing.assert_array_equal(total, reference)
+    # Each rank holds about half (keys mod 2), not a copy of every key.
+    for r in ranks:
+        assert 0.3 * total[-1] < r["table_size"][table][-1] < 0.7 * total[-1]
+
+
+def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained):
+    cwd, switches, ranks = trained
+    for rank in range(RANKS):
+        for step in (20, 40):
+            assert os.path.isdir(cwd / "saved-model" / f"sparse-model-{rank}-{step}")
+    predicted = run_demo_ranks(cwd, "predict", switches)
+    for before, after in zip(ranks, predicted):
+        assert after["restored"] == 40 and after["train_loss"] == []
+        np.testing.assert_allclose(after["eval_loss"][0], before["eval_loss"][-1], rtol=1e-5)
