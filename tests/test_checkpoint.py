@@ -139,6 +139,22 @@ def test_max_to_keep_and_latest_checkpoint(sf_init, tmp_path):
     assert sf.latest_checkpoint(str(tmp_path / "nothing-here")) is None
 
 
+def test_max_to_keep_prunes_only_its_own_checkpoints(sf_init, tmp_path):
+    """Another saver's sparse part whose dense part is not written yet (another rank's,
+    mid-save) or that keeps other steps is not this saver's to delete."""
+    table, it, train, saver = _trained_table(tmp_path)
+    others = ["sparse-model-1-7", "sparse-model-10-2", "sparse-other"]
+    for name in others:
+        (tmp_path / name).mkdir()
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+        for step in range(3):
+            sess.run(train)
+            saver.save(sess, str(tmp_path / "model-0"), global_step=step)
+    kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "sparse-*")))
+    assert kept == sorted(others + ["sparse-model-0-1", "sparse-model-0-2"])
+
+
 def test_saver_validates_and_needs_the_pipeline(sf_init):
     with pytest.raises(ValueError, match=r"`max_to_keep` must be an int >= 0. Received: -1"):
         sf.Saver(max_to_keep=-1)

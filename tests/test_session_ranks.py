@@ -32,16 +32,31 @@ def _shards(directory, n: int) -> list:
     return [np.load(os.path.join(directory, f"rank{r}.npz")) for r in range(n)]
 
 
+STEPS, SAVE_AT = 12, 6
+
+
 @pytest.fixture(scope="module")
 def one_and_two_ranks(tmp_path_factory):
+    """One process and two ranks train STEPS global batches, each saving after SAVE_AT."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _run(["tests.workers.session_ranks", str(one), "12"], None)
-    _run(["tests.workers.session_ranks", str(two), "12"], 2)
-    return _shards(one, 1)[0], _shards(two, 2)
+    _run(["tests.workers.session_ranks", str(one), str(STEPS), "--save-at", str(SAVE_AT),
+          "--save-to", str(one / "model")], None)
+    _run(["tests.workers.session_ranks", str(two), str(STEPS), "--save-at", str(SAVE_AT),
+          "--save-to", str(two / "model")], 2)
+    first, second = _shards(one, 1)[0], _shards(two, 2)
+    return first, second, one, two
+
+
+def _merged(shards: list, table: str) -> dict:
+    """The shards' states of ``table`` as one, sorted by key."""
+    keys = np.concatenate([s[f"{table}/keys"] for s in shards])
+    order = np.argsort(keys)
+    return {name: np.concatenate([s[f"{table}/{name}"] for s in shards])[order]
+            for name in ("keys", "weights", "momentum", "velocity", "counts", "last_seen")}
 
 
 def test_two_ranks_lose_what_one_rank_loses_on_the_same_global_batches(one_and_two_ranks):
-    one, two = one_and_two_ranks
+    one, two = one_and_two_ranks[:2]
     assert int(two[0]["size"]) == 2 and int(one["size"]) == 1
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
@@ -52,7 +67,7 @@ def test_two_ranks_lose_what_one_rank_loses_on_the_same_global_batches(one_and_t
 @pytest.mark.parametrize("table", ["a", "b"])
 def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts(
         one_and_two_ranks, table):
-    one, two = one_and_two_ranks
+    one, two = one_and_two_ranks[:2]
     keys = [shard[f"{table}/keys"] for shard in two]
     for rank, owned in enumerate(keys):
         assert (owned % 2 == rank).all()
@@ -72,9 +87,44 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
 
 
 def test_table_a_admits_keys_on_the_counts_of_every_rank(one_and_two_ranks):
-    one, _ = one_and_two_ranks
+    one = one_and_two_ranks[0]
     # Keys seen once by the global batches stay out (threshold 2): some are counted only.
     assert len(one["a/counted"]) > 0
+
+
+@pytest.mark.parametrize("direction", ["1->2", "2->1"])
+def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ranks, tmp_path,
+                                                                 direction):
+    """Restored from SAVE_AT on the other number of ranks, the rest of the training loses
+    and ends as the uninterrupted one-process run."""
+    one, _, one_dir, two_dir = one_and_two_ranks
+    if direction == "1->2":
+        source, ranks = one_dir / f"model-0-{SAVE_AT}", 2
+    else:
+        source, ranks = two_dir / f"model-0-{SAVE_AT}", None
+    _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--restore", str(source),
+          "--start", str(SAVE_AT)], ranks)
+    resumed = _shards(tmp_path, ranks or 1)
+    for shard in resumed:
+        np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
+                                   atol=1e-5)
+    for table in ("a", "b"):
+        ours, reference = _merged(resumed, table), _merged([one], table)
+        for name, value in reference.items():
+            np.testing.assert_allclose(ours[name], value, rtol=0, atol=1e-5, err_msg=name)
+        for rank, shard in enumerate(resumed):
+            assert (shard[f"{table}/keys"] % len(resumed) == rank).all()
+
+
+def test_each_rank_writes_its_shard_and_names_every_shard(one_and_two_ranks):
+    import json
+
+    two_dir = one_and_two_ranks[3]
+    for rank in range(2):
+        with open(two_dir / f"sparse-model-{rank}-{SAVE_AT}" / "manifest.json") as f:
+            world = json.load(f)["world"]
+        assert world == {"rank": rank, "size": 2,
+                         "shards": [f"sparse-model-0-{SAVE_AT}", f"sparse-model-1-{SAVE_AT}"]}
 
 
 def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
@@ -101,3 +151,16 @@ def test_a_sharded_table_refuses_what_shards_do_not_hold_yet():
     _check_shardable(world, plain, "host", None)
     with pytest.raises(NotImplementedError, match="use_dynamic_expansion"):
         _check_shardable(world, plain, None, 1024)
+
+
+def test_restoring_from_another_number_of_ranks_names_a_missing_shard(tmp_path):
+    from sparseflow.checkpoint import sparse_format as fmt
+    from sparseflow.checkpoint.saver import read_rank_states
+
+    shard = tmp_path / "sparse-model-0-6"
+    shard.mkdir()
+    fmt.write_manifest(str(shard), {}, None, {"rank": 0, "size": 2,
+                                              "shards": ["sparse-model-0-6",
+                                                         "sparse-model-1-6"]})
+    with pytest.raises(fmt.CheckpointError, match=r"No sparse checkpoint at .*sparse-model-1-6"):
+        read_rank_states(str(shard), None)

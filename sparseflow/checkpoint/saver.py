@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import tensorflow as tf
 
 from sparseflow import runtime as _runtime
@@ -90,8 +91,13 @@ def read_sparse_states(prefix: str, known=None, skip_unknown: bool = False) -> d
       CheckpointError: the sparse part is missing, corrupt or truncated (naming the file).
       ValueError: the checkpoint holds a table not in ``known``.
     """
+    return _read_states(sparse_path(prefix), known, skip_unknown)
+
+
+def _read_states(directory: str, known, skip_unknown: bool) -> dict:
+    """:func:`read_sparse_states` of a sparse directory."""
     tables = {}
-    for link, manifest in fmt.chain(sparse_path(prefix)):  # verified, full checkpoint first
+    for link, manifest in fmt.chain(directory):  # verified, full checkpoint first
         for name, entry in manifest["tables"].items():
             if known is not None and name not in known:
                 if skip_unknown:
@@ -134,6 +140,9 @@ class Saver:
             var_list = _dense_variables()
         self._dense = _TF_SAVER(var_list=var_list, max_to_keep=max_to_keep, **kwargs)
         self._last_sparse: str | None = None  # the base of the next incremental save
+        # Over several ranks each saves its shard; the ranks tell each other where.
+        world = self._runtime.world
+        self._shard_paths = ShardPaths(world) if world is not None else None
 
     def __getattr__(self, name):
         # The rest of tf.compat.v1.train.Saver's interface (build, last_checkpoints,
@@ -178,16 +187,19 @@ class Saver:
         if global_step is not None:
             step = int(global_step) if is_int(global_step) else int(sess.run(global_step))
         prefix = f"{save_path}-{step}" if step is not None else save_path
-        self._save_sparse(sparse_path(prefix), incremental, sess)
+        shards = None
+        if self._shard_paths is not None:
+            shards = self._shard_paths.exchange(sess, sparse_path(prefix))
+        self._save_sparse(sparse_path(prefix), incremental, sess, shards)
         self._last_sparse = sparse_path(prefix)
         written = self._dense.save(sess, save_path, global_step=step,
                                    latest_filename=latest_filename,
                                    meta_graph_suffix=meta_graph_suffix,
                                    write_meta_graph=write_meta_graph, **kwargs)
-        self._prune(os.path.dirname(prefix) or ".")
+        self._prune(os.path.dirname(prefix) or ".", os.path.basename(save_path))
         return written
 
-    def _save_sparse(self, final: str, incremental: bool, sess) -> None:
+    def _save_sparse(self, final: str, incremental: bool, sess, shards=None) -> None:
         parent = os.path.dirname(final) or "."
         os.makedirs(parent, exist_ok=True)
         tmp = f"{final}.tmp-{os.getpid()}"
@@ -206,7 +218,7 @@ class Saver:
                 entries[table.table_name] = fmt.write_table_state(tmp, table.table_name, state,
                                                                   table.dim, config)
             fmt.write_manifest(tmp, entries, os.path.basename(self._last_sparse)
-                               if incremental else None)
+                               if incremental else None, shards)
             if os.path.exists(final):  # the same step saved again: replace it
                 old = f"{final}.old-{os.getpid()}"
                 os.rename(final, old)
@@ -219,13 +231,17 @@ class Saver:
                 restore_window(table, window)
             raise
 
-    def _prune(self, directory: str) -> None:
-        """Deletes sparse parts whose dense checkpoint TF's Saver has deleted (max_to_keep),
-        unless a kept incremental checkpoint builds on them."""
+    def _prune(self, directory: str, base: str) -> None:
+        """Deletes sparse parts of ``base``'s checkpoints (``sparse-<base>`` and
+        ``sparse-<base>-<step>``) whose dense checkpoint TF's Saver has deleted
+        (max_to_keep), unless a kept incremental checkpoint builds on them. Other savers'
+        checkpoints in the directory (another rank's, whose dense part may not be written
+        yet) are not this saver's to delete."""
         if self.max_to_keep == 0:
             return
+        own = f"sparse-{base}"
         names = [n for n in os.listdir(directory)
-                 if n.startswith("sparse-") and ".tmp-" not in n and ".old-" not in n
+                 if (n == own or (n.startswith(own + "-") and n[len(own) + 1:].isdigit()))
                  and os.path.isdir(os.path.join(directory, n))]
         kept = set()
         for name in names:
@@ -250,6 +266,8 @@ class Saver:
         Every sparse file is verified (size and CRC32) and parsed before any table changes;
         restore into tables of another capacity works as long as the keys fit. Call it before
         the first training step (batches already processed would hold pre-restore rows).
+        A checkpoint saved by another number of ranks is read from every rank's shard, and
+        each rank keeps the keys it owns now (:func:`read_rank_states`).
 
         Raises:
           CheckpointError: the sparse part is missing, corrupt or truncated (naming the file).
@@ -261,11 +279,93 @@ class Saver:
             raise RuntimeError("Saver.restore() needs a started pipeline (the tables' slot "
                                "layout): call start_asc_pipeline() first.")
         directory = sparse_path(save_path)
-        tables = read_sparse_states(save_path, known=self._runtime.tables,
-                                    skip_unknown=self.restore_fewer_tables)
+        tables = read_rank_states(directory, self._runtime.world, known=self._runtime.tables,
+                                  skip_unknown=self.restore_fewer_tables)
         for name, state in tables.items():
             check_fits(self._runtime.tables[name], state, repr(directory))
         self._dense.restore(sess, save_path)
         for name, state in tables.items():
             apply(self._runtime.tables[name], state, repr(directory), sess)
         self._last_sparse = directory  # the tables now equal it: the next delta's base
+
+
+# A shard's directory, as bytes in an int32 tensor, for the ranks' all-gather.
+_PATH_BYTES = 4096
+
+
+class ShardPaths:
+    """Where every rank writes its shard of a checkpoint: an all-gather of the ranks'
+    sparse directories, built with the Saver (the graph may be finalized by save time)
+    and run by each rank's ``save``, which it also keeps in step.
+
+    Args:
+      world: the ranks (``graph_world.GraphWorld``).
+    """
+
+    def __init__(self, world):
+        from sparseflow.distributed import collectives
+
+        self.world = world
+        self._path = tf.compat.v1.placeholder(tf.int32, [1, _PATH_BYTES],
+                                              name="sparseflow_shard_path")
+        self._paths = collectives.all_gather(self._path)
+
+    def exchange(self, sess, directory: str) -> dict:
+        """Every rank's shard of the checkpoint whose sparse part this rank writes at
+        ``directory``: ``{"rank": r, "size": N, "shards": [directory of rank 0, ...]}``,
+        each relative to this directory's parent when it is below it, else absolute.
+
+        Raises:
+          ValueError: the directory's path is longer than 4096 bytes.
+        """
+        encoded = os.path.abspath(directory).encode()
+        if len(encoded) > _PATH_BYTES:
+            fail("save_path", f"a path of at most {_PATH_BYTES} bytes", directory)
+        row = np.zeros([1, _PATH_BYTES], np.int32)
+        row[0, :len(encoded)] = np.frombuffer(encoded, np.uint8)
+        gathered = sess.run(self._paths, feed_dict={self._path: row})
+        parent = os.path.dirname(os.path.abspath(directory))
+        shards = []
+        for r in range(self.world.size):
+            path = bytes(gathered[r][gathered[r] > 0].astype(np.uint8)).decode()
+            relative = os.path.relpath(path, parent)
+            shards.append(relative if not relative.startswith("..") else path)
+        return {"rank": self.world.rank, "size": self.world.size, "shards": shards}
+
+
+def read_rank_states(directory: str, world, known=None, skip_unknown: bool = False) -> dict:
+    """The tables this rank holds after restoring the checkpoint whose sparse part (this
+    rank's shard, or the one process's) is ``directory``.
+
+    Saved by as many ranks as run now, this rank's own shard is read. Saved by another
+    number (N ranks to M, one process to several, several to one), every shard the
+    manifest lists is read and each table re-split by owner: this rank keeps the keys it
+    owns among M, with their rows, slots, counts and timestamps (``sharding.rebucket``).
+
+    Args:
+      directory: the sparse directory (``sparse_path(prefix)``).
+      world: the ranks now (``GraphWorld``), or None for one process.
+      known, skip_unknown: as for :func:`read_sparse_states`.
+
+    Raises:
+      CheckpointError: a shard is missing, corrupt or truncated (naming the file).
+      ValueError: as :func:`read_sparse_states`.
+    """
+    from sparseflow.distributed.sharding import rebucket
+
+    rank, size = (world.rank, world.size) if world is not None else (0, 1)
+    saved = fmt.read_manifest(directory).get("world") or {"rank": 0, "size": 1,
+                                                          "shards": [directory]}
+    if (saved["rank"], saved["size"]) == (rank, size):
+        return _read_states(directory, known, skip_unknown)
+    parent = os.path.dirname(os.path.abspath(directory))
+    shards = [_read_states(os.path.join(parent, path), known, skip_unknown)
+              for path in saved["shards"]]
+    names = sorted({name for shard in shards for name in shard})
+    for name in names:
+        for r, shard in enumerate(shards):
+            if name not in shard:
+                raise fmt.CheckpointError(
+                    f"Checkpoint shard {saved['shards'][r]!r} (rank {r} of {saved['size']}) "
+                    f"has no table `{name}`, which the other shards hold.")
+    return {name: rebucket([shard[name] for shard in shards], size)[rank] for name in names}

@@ -108,15 +108,21 @@ def write_table_state(directory: str, name: str, state: TableState, dim: int,
     return entry
 
 
-def write_manifest(directory: str, tables: dict, base: str | None = None) -> None:
+def write_manifest(directory: str, tables: dict, base: str | None = None,
+                   world: dict | None = None) -> None:
     """Writes ``manifest.json`` (fsynced) for the table entries of :func:`write_table_state`.
 
     Args:
       base: for an incremental checkpoint, the name of its base directory (a sibling).
+      world: for one rank's shard, ``{"rank": r, "size": N, "shards": [...]}`` (every
+        rank's shard directory, relative to this one's parent or absolute); None for one
+        process.
     """
     path = os.path.join(directory, MANIFEST)
     manifest = {"format_version": FORMAT_VERSION, "kind": "full" if base is None else "delta",
                 "base": base, "tables": tables}
+    if world is not None:
+        manifest["world"] = world
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()

@@ -1,7 +1,12 @@
 """A Session-API program in Rec SDK's shape, run as 1 rank or as N (``sparseflow launch``)
 by tests/test_session_ranks.py: the same global batches either way.
 
-    python -m tests.workers.session_ranks OUT_DIR [STEPS]
+    python -m tests.workers.session_ranks OUT_DIR STEPS [--save-at K --save-to PREFIX]
+                                                        [--restore PREFIX --start K]
+
+``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
+SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
+any number of ranks) and train global steps K+1..STEPS.
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -10,8 +15,8 @@ the local batch's sum divided by the global batch size. Each rank writes
 table (sorted by key).
 """
 
+import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -26,7 +31,8 @@ from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
 GLOBAL_BATCH = 32
 
 
-def main(out_dir: str, steps: int) -> None:
+def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
+         start: int) -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init()
     rank, size = collectives.rank_and_size()
@@ -42,7 +48,7 @@ def main(out_dir: str, steps: int) -> None:
     # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
     # dataset.shard by rank before batching).
     ds = tf.data.Dataset.from_tensor_slices(data).shard(size, rank)
-    ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True)
+    ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True).skip(start)
     ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
     batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
     pooled = [tf.reduce_sum(sf.sparse_lookup(tables[0 if s.table_name == "a" else 1], s,
@@ -61,12 +67,17 @@ def main(out_dir: str, steps: int) -> None:
         tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense)),
         lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
     global_loss = collectives.all_reduce(loss, "sum")
+    saver = sf.Saver()
     sf.start_asc_pipeline()
     losses = []
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(steps):
+        if restore:
+            saver.restore(sess, restore)
+        for step in range(start + 1, steps + 1):
             losses.append(sess.run([global_loss, train])[0])
+            if step == save_at:
+                saver.save(sess, f"{save_to}-{rank}", global_step=step)
         out = {"losses": np.asarray(losses), "w": sess.run(w)}
     for table in tables:
         for name, value in sorted_state(table).items():
@@ -76,4 +87,12 @@ def main(out_dir: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 12)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--save-to", default="")
+    parser.add_argument("--restore", default="")
+    parser.add_argument("--start", type=int, default=0)
+    a = parser.parse_args()
+    main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start)
