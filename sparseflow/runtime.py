@@ -111,9 +111,7 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
         raise AlreadyInitializedError(
             "sparseflow is already initialized: call terminate_config_initializer() before "
             "calling init() again.")
-    from sparseflow.distributed import graph_world, ranks
-    found = ranks.detect()
-    world = graph_world.join(found) if found.size > 1 else None
+    world = _join_ranks()
     config = InitConfig(**values)
     _RUNTIME = Runtime(config=config, world=world)
     new = sorted(set(ignored) - _IGNORED_LOGGED)
@@ -146,7 +144,22 @@ def scope(config: InitConfig | None = None, *, read_only: bool = False) -> Runti
     """
     if config is None:
         config = _RUNTIME.config if _RUNTIME is not None else InitConfig()
-    return Runtime(config=config, read_only=read_only, scoped=True)   # InitConfig is frozen
+    return Runtime(config=config, read_only=read_only, scoped=True,   # InitConfig is frozen
+                   world=_join_ranks())
+
+
+def _join_ranks():
+    """The ranks this process is one of (``graph_world.GraphWorld``, joined now if need be),
+    or None when it runs alone.
+
+    Raises:
+      RuntimeError: several ranks without the addresses their collectives need.
+    """
+    from sparseflow.distributed import graph_world, ranks
+    if graph_world.current() is not None:
+        return graph_world.current()
+    found = ranks.detect()
+    return graph_world.join(found) if found.size > 1 else None
 
 
 @contextlib.contextmanager

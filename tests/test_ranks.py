@@ -9,7 +9,6 @@ import tensorflow as tf
 
 import sparseflow as sf
 from sparseflow.distributed.ranks import Ranks, detect, require_one_process
-from sparseflow import estimator as est
 
 LAUNCHERS = [
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK=1"),
@@ -67,19 +66,15 @@ def test_init_refuses_a_tf_config_that_disagrees_with_the_launcher(monkeypatch):
     assert not sf.runtime.is_initialized()
 
 
-@pytest.mark.parametrize("face", ["estimator", "tf2"])
-def test_faces_refuse_several_ranks(monkeypatch, face):
+def test_the_tf2_face_refuses_several_ranks(monkeypatch):
     monkeypatch.setenv("HOROVOD_RANK", "1")
     monkeypatch.setenv("HOROVOD_SIZE", "2")
     with pytest.raises(RuntimeError, match=r"this process is rank 1 of 2 \(HOROVOD_RANK=1.*"
                                            r"each of the 2 ranks would train a model of its "
                                            r"own"):
-        if face == "estimator":
-            est.Estimator(lambda features: None)
-        else:
-            from sparseflow import tf2
-            tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))},
-                          tf2.SGD(0.1))
+        from sparseflow import tf2
+        tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))},
+                      tf2.SGD(0.1))
     assert not sf.runtime.is_initialized()
 
 

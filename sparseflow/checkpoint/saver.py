@@ -121,6 +121,9 @@ class Saver:
       restore_fewer_tables: restore a checkpoint holding tables this graph lacks (they are
         skipped: a serving or evaluation graph of part of the model); default False, such
         a checkpoint is refused.
+      rank_files: over several ranks, ranks other than 0 save under ``<save_path>-rank<r>``
+        with their own ``checkpoint-rank<r>`` state file, so that every rank may be given
+        one path (the Estimator's ``model_dir``); rank 0's checkpoint lists every shard.
       **kwargs: passed to ``tf.compat.v1.train.Saver``.
 
     Raises:
@@ -129,8 +132,11 @@ class Saver:
     """
 
     def __init__(self, var_list=None, max_to_keep=3, prefix_name="checkpoint",
-                 restore_fewer_tables=False, **kwargs):
+                 restore_fewer_tables=False, rank_files=False, **kwargs):
         self._runtime = _runtime.current("Saver")
+        world = self._runtime.world
+        self._rank_suffix = (f"-rank{world.rank}" if check_bool("rank_files", rank_files)
+                             and world is not None and world.rank > 0 else "")
         self.restore_fewer_tables = check_bool("restore_fewer_tables", restore_fewer_tables)
         self.prefix_name = prefix_name  # Rec SDK's argument; the layout follows save_path
         if max_to_keep is None:  # TF's spelling of "keep all"
@@ -141,7 +147,6 @@ class Saver:
         self._dense = _TF_SAVER(var_list=var_list, max_to_keep=max_to_keep, **kwargs)
         self._last_sparse: str | None = None  # the base of the next incremental save
         # Over several ranks each saves its shard; the ranks tell each other where.
-        world = self._runtime.world
         self._shard_paths = ShardPaths(world) if world is not None else None
 
     def __getattr__(self, name):
@@ -150,6 +155,12 @@ class Saver:
         if name.startswith("__") or name == "_dense":
             raise AttributeError(name)
         return getattr(self._dense, name)
+
+    @property
+    def state_filename(self) -> str:
+        """The checkpoint state file this saver writes ("checkpoint"; over several ranks
+        with ``rank_files``, "checkpoint-rank<r>" on rank r > 0)."""
+        return f"checkpoint{self._rank_suffix}"
 
     def _tables(self):
         return [t for t in self._runtime.tables.values() if t.config.is_save]
@@ -186,6 +197,9 @@ class Saver:
         step = None
         if global_step is not None:
             step = int(global_step) if is_int(global_step) else int(sess.run(global_step))
+        if self._rank_suffix:
+            save_path += self._rank_suffix
+            latest_filename = f"{latest_filename or 'checkpoint'}{self._rank_suffix}"
         prefix = f"{save_path}-{step}" if step is not None else save_path
         shards = None
         if self._shard_paths is not None:

@@ -15,12 +15,21 @@ REDUCTIONS = {"sum": "Add", "max": "Max", "min": "Min", "prod": "Mul"}
 
 
 def rank_and_size() -> tuple[int, int]:
-    """``(rank, size)`` of the ranks :func:`sparseflow.init` joined; ``(0, 1)`` in one
-    process."""
+    """``(rank, size)`` of this process among the ranks (``(0, 1)`` alone): those
+    :func:`sparseflow.init` (or an Estimator) joined, else what the launcher's environment
+    says (``ranks.detect``), so that it may be asked before joining (to shard a dataset).
+
+    Raises:
+      ValueError: the launcher's variables are malformed.
+    """
     from sparseflow.distributed.graph_world import current
+    from sparseflow.distributed.ranks import detect
 
     world = current()
-    return (0, 1) if world is None else (world.rank, world.size)
+    if world is not None:
+        return world.rank, world.size
+    found = detect()
+    return found.rank, found.size
 
 
 def _exchange(collective: str):

@@ -78,16 +78,18 @@ class Estimator:
       warm_start_from: a checkpoint prefix or a directory holding checkpoints: training with
         no checkpoint in ``model_dir`` starts from it (dense variables and tables).
 
+    Over several ranks (``sparseflow launch``, ``TF_CONFIG``) every rank trains its shard of
+    the tables (docs/multi-worker.md); all ranks are given the same ``model_dir``: rank 0
+    writes ``model.ckpt-<step>`` (its checkpoint lists every rank's shard), rank r
+    ``model.ckpt-rank<r>-<step>``, and every rank resumes from rank 0's latest checkpoint.
+
     Raises:
-      RuntimeError: this process is one of several ranks (it would train a model of its own).
       TypeError, ValueError: ``model_fn`` is not callable or takes other arguments;
         ``model_dir`` disagrees with ``config.model_dir``.
     """
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None,
                  warm_start_from=None):
-        from sparseflow.distributed.ranks import require_one_process
-        require_one_process("sparseflow.estimator.Estimator")
         if not callable(model_fn):
             fail("model_fn", "a callable returning an EstimatorSpec", model_fn, TypeError)
         args = _fn_args(model_fn)
@@ -298,7 +300,7 @@ class Estimator:
         keep = self._config.keep_checkpoint_max
         if rt.tables:
             return _saver.Saver(max_to_keep=keep, sharded=False,
-                                restore_fewer_tables=rt.read_only,
+                                restore_fewer_tables=rt.read_only, rank_files=True,
                                 keep_checkpoint_every_n_hours=self._config
                                 .keep_checkpoint_every_n_hours)
         return _saver._TF_SAVER(max_to_keep=keep, keep_checkpoint_every_n_hours=self
@@ -391,7 +393,9 @@ class Estimator:
             spec = self._call_model_fn(features, labels, ModeKeys.TRAIN)
             tf.compat.v1.summary.scalar("loss", spec.loss)
             saver = self._saver(rt)
-            state = tf.train.get_checkpoint_state(self._model_dir)
+            # Its own checkpoints (rank r > 0 of several writes a state file of its own).
+            state = tf.train.get_checkpoint_state(
+                self._model_dir, latest_filename=getattr(saver, "state_filename", None))
             if state is not None:   # so keep_checkpoint_max counts those of earlier calls
                 saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
             scaffold = self._scaffold(spec.scaffold, saver, checkpoint, global_step, rt)
@@ -406,24 +410,29 @@ class Estimator:
             if steps is not None or max_steps is not None:   # else: until the data ends
                 all_hooks.append(tf.compat.v1.train.StopAtStepHook(num_steps=steps,
                                                                    last_step=max_steps))
+            # Ranks after the first write their event files in a directory each: two
+            # writers started in the same second on one host would share a file name.
+            summary_dir = self._model_dir
+            if rt.world is not None and rt.world.rank > 0:
+                summary_dir = os.path.join(self._model_dir, f"rank{rt.world.rank}")
             if cfg.log_step_count_steps:
                 all_hooks.append(_hooks.LogHook(spec.loss, global_step,
                                                 cfg.log_step_count_steps))
                 all_hooks.append(tf.compat.v1.train.StepCounterHook(
-                    every_n_steps=cfg.log_step_count_steps, output_dir=self._model_dir))
+                    every_n_steps=cfg.log_step_count_steps, output_dir=summary_dir))
             if cfg.save_summary_steps:
                 all_hooks.append(tf.compat.v1.train.SummarySaverHook(
-                    save_steps=cfg.save_summary_steps, output_dir=self._model_dir,
+                    save_steps=cfg.save_summary_steps, output_dir=summary_dir,
                     scaffold=scaffold))
             save_steps = cfg.save_checkpoints_steps
             if save_steps is None and cfg.save_checkpoints_secs is None:
                 # No interval: a checkpoint when the session starts and one at the end only;
                 # tf.estimator saved none, losing the training.
                 save_steps = 2**62
-            all_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
+            all_hooks.append(_hooks.CheckpointHook(
                 self._model_dir, save_secs=cfg.save_checkpoints_secs, save_steps=save_steps,
                 scaffold=scaffold, checkpoint_basename=CHECKPOINT_BASENAME,
-                listeners=listeners))
+                listeners=listeners, summary_dir=summary_dir))
             loss = None
             with tf.compat.v1.train.MonitoredSession(
                     session_creator=self._session_creator(scaffold, checkpoint),

@@ -121,3 +121,18 @@ class StopAfterNHook(tf.compat.v1.train.SessionRunHook):
         self._done += 1
         if self._n is not None and self._done >= self._n:
             run_context.request_stop()
+
+
+class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
+    """TF's ``CheckpointSaverHook`` whose event records (graph, checkpoint logs) go to
+    ``summary_dir``: the model directory on rank 0, a directory of its own on other ranks
+    (writers of several ranks would otherwise share an event file name)."""
+
+    def __init__(self, checkpoint_dir, *, summary_dir, **kwargs):
+        super().__init__(checkpoint_dir, **kwargs)
+        self._summary_dir = summary_dir
+
+    def begin(self):
+        super().begin()
+        from tensorflow.python.training.summary_io import SummaryWriterCache
+        self._summary_writer = SummaryWriterCache.get(self._summary_dir)

@@ -1,0 +1,88 @@
+"""The Estimator on several ranks: every rank given the same model_dir trains one model over
+a table sharded by key, equal to one process on the same global batches, and a model_dir
+resumes on another number of ranks (tests/workers/estimator_ranks.py)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparseflow.checkpoint.saver import read_sparse_states
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = "tests.workers.estimator_ranks"
+
+
+def _train(model_dir, max_steps: int, ranks: int | None) -> None:
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
+        env.pop(name, None)
+    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
+                "5", "-m"] if ranks else [sys.executable, "-m"])
+    done = subprocess.run(command + [WORKER, str(model_dir), str(max_steps)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def _model(model_dir, step: int, ranks: int) -> dict:
+    """The checkpoint at ``step``: its dense head and every shard's table merged by key."""
+    prefixes = [os.path.join(model_dir, f"model.ckpt-{step}")] + [
+        os.path.join(model_dir, f"model.ckpt-rank{r}-{step}") for r in range(1, ranks)]
+    shards = [read_sparse_states(p)["t"] for p in prefixes]
+    for rank, shard in enumerate(shards):
+        assert (shard.keys % ranks == rank).all()
+    keys = np.concatenate([s.keys for s in shards])
+    order = np.argsort(keys)
+    return {"w": tf.train.load_variable(prefixes[0], "w"), "keys": keys[order],
+            "values": np.concatenate([s.values for s in shards])[order],
+            "counts": np.concatenate([s.counts for s in shards])[order],
+            "counted": np.sort(np.concatenate([s.counted_keys for s in shards])),
+            "steps": [s.optimizer_steps for s in shards]}
+
+
+def _assert_same(ours: dict, reference: dict) -> None:
+    np.testing.assert_array_equal(ours["keys"], reference["keys"])
+    np.testing.assert_array_equal(ours["counts"], reference["counts"])
+    np.testing.assert_array_equal(ours["counted"], reference["counted"])
+    np.testing.assert_allclose(ours["values"], reference["values"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(ours["w"], reference["w"], rtol=0, atol=1e-5)
+    assert set(ours["steps"]) == set(reference["steps"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process and two ranks, each training 12 steps from scratch (checkpoints every 6)."""
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    _train(one, 12, None)
+    _train(two, 12, 2)
+    return one, two
+
+
+def test_two_ranks_train_the_model_one_process_trains(runs):
+    one, two = runs
+    reference = _model(one, 12, 1)
+    assert len(reference["keys"]) > 100 and len(reference["counted"]) > 0
+    _assert_same(_model(two, 12, 2), reference)
+    # Each rank saved its own shard and state file; rank 1's events went to a directory
+    # of its own.
+    assert os.path.exists(two / "checkpoint-rank1") and os.path.isdir(two / "rank1")
+
+
+@pytest.mark.parametrize("first,then", [(None, 2), (2, None)])
+def test_a_model_dir_resumes_on_another_number_of_ranks(runs, tmp_path, first, then):
+    one, two = runs
+    # The model_dir as it was after step 6, then trained on to 12 on the other ranks.
+    source = one if first is None else two
+    model_dir = tmp_path / "model"
+    shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns("*-12*", "*rank1",
+                                                                      "events*"))
+    for state in ("checkpoint", "checkpoint-rank1"):
+        if os.path.exists(model_dir / state):
+            text = (model_dir / state).read_text().replace("-12\"", "-6\"")
+            (model_dir / state).write_text(text)
+    _train(model_dir, 12, then)
+    _assert_same(_model(model_dir, 12, then or 1), _model(one, 12, 1))

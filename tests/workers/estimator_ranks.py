@@ -1,0 +1,83 @@
+"""An Estimator program run as 1 rank or as N (``sparseflow launch``) by
+tests/test_estimator_ranks.py, on the same global batches either way.
+
+    python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS
+
+Trains (or resumes, from MODEL_DIR's latest checkpoint, on the batches after it) to global
+step MAX_STEPS, saving every 6 steps: one table (lazy Adam, admission threshold 2) read by
+two feature specs, a linear head (Adam) whose gradients are all-reduced with "sum", the
+loss the local batch's sum over the global batch size.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import sparseflow as sf  # noqa: E402
+from sparseflow import estimator as est  # noqa: E402
+from sparseflow.distributed import collectives  # noqa: E402
+from sparseflow.optimizers import lazy_adam  # noqa: E402
+
+GLOBAL_BATCH, STEPS = 32, 12
+
+
+def data():
+    rng = np.random.default_rng(4)
+    n = GLOBAL_BATCH * STEPS
+    ids = (rng.zipf(1.3, (n, 4)) % 500).astype(np.int64)
+    more = rng.integers(0, 500, (n, 2)).astype(np.int64)
+    labels = ((ids[:, 0] % 3 == 0) | (more[:, 1] % 4 == 0)).astype(np.float32)[:, None]
+    return {"ids": ids, "more": more}, labels
+
+
+def main(model_dir: str, max_steps: int) -> None:
+    tf.compat.v1.disable_eager_execution()
+    rank, size = collectives.rank_and_size()
+    specs = {}
+
+    def input_fn():
+        done = 0
+        latest = tf.train.latest_checkpoint(model_dir)
+        if latest is not None:
+            done = int(tf.train.load_variable(latest, "global_step"))
+        specs["ids"] = sf.FeatureSpec("ids", table_name="t", access_threshold=2)
+        specs["more"] = sf.FeatureSpec("more", table_name="t", access_threshold=2)
+        insert = sf.get_asc_insert_func(tgt_key_specs=[specs["ids"], specs["more"]])
+        features, labels = data()
+        ds = tf.compat.v1.data.Dataset.from_tensor_slices((features, labels)).shard(size, rank)
+        ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True).skip(done)
+        return ds.map(lambda f, l: (insert(f), l))
+
+    def model_fn(features, labels, mode):
+        table = sf.create_table(tf.int64, 8, "t",
+                                tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=1),
+                                device_vocabulary_size=2000)
+        x = tf.concat([tf.reduce_sum(sf.sparse_lookup(table, specs[k], batch=features), 1)
+                       for k in ("ids", "more")], 1)
+        w = tf.compat.v1.get_variable(
+            "w", initializer=np.random.default_rng(5).normal(0, 0.3, (16, 1)).astype(np.float32))
+        logits = tf.matmul(x, w)
+        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=labels, logits=logits)) / GLOBAL_BATCH
+        dense, sparse = sf.get_dense_and_sparse_variable()
+        grads = tf.gradients(loss, dense + sparse)
+        dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
+        step = tf.compat.v1.train.get_global_step()
+        train = tf.group(
+            tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense),
+                                                                   global_step=step),
+            lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):],
+                                                                      sparse)))
+        return est.EstimatorSpec(mode, loss=loss, train_op=train)
+
+    config = est.RunConfig(model_dir=model_dir, save_checkpoints_steps=6,
+                           log_step_count_steps=None, save_summary_steps=None)
+    est.Estimator(model_fn, config=config).train(input_fn, max_steps=max_steps)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
