@@ -118,14 +118,15 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
         from sparseflow.serving_graph import serving_lookup
         return serving_lookup(rt.serving, hashtable, ids, batch, serving_default_value, name)
     if modify_graph:
-        if rt.world is not None:
-            raise NotImplementedError(
-                f"sparse_lookup(modify_graph=True) on rank {rt.world.rank} of {rt.world.size}: "
-                f"automatic graph modification does not shard tables yet. Map the dataset with "
-                f"get_asc_insert_func(FeatureSpecs) and look up FeatureSpecs.")
         if not isinstance(ids, tf.Tensor):
             fail("ids", "a tensor from iterator.get_next() when modify_graph=True", ids,
                  TypeError)
+        if rt.world is not None:   # the table is sharded over the ranks
+            from sparseflow.distributed.sharded_lookup import modify_graph_lookup
+            return modify_graph_lookup(hashtable, ids, name, is_train and is_grad,
+                                       serving_default_value, is_train,
+                                       access_and_evict_config,
+                                       None if rt.config.use_dynamic else send_count)
         from sparseflow.pipeline.graph_modifier import register_lookup
         rows, restore, seq = register_lookup(hashtable, ids, is_train, access_and_evict_config,
                                              None if rt.config.use_dynamic else send_count)

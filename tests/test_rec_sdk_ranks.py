@@ -54,10 +54,16 @@ def merged_reference_sizes(results, table, switch_step):
     return admitted_sizes(batches, COEFFICIENT[table], lookups, thresholds)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("demo_ranks")
-    switches = {"USE_TIMESTAMP": "1"}
+# FeatureSpec mode, and automatic graph modification with several lookups of one table.
+MODES = {"featurespec-timestamp": {"USE_TIMESTAMP": "1"},
+         "modifygraph-timestamp-multi": {"USE_MODIFY_GRAPH": "1", "USE_TIMESTAMP": "1",
+                                         "USE_MULTI_LOOKUP": "1", "MULTI_LOOKUP_TIMES": "2"}}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def trained(request, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp(request.param)
+    switches = MODES[request.param]
     return cwd, switches, run_demo_ranks(cwd, "train", switches)
 
 

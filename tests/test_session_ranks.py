@@ -116,6 +116,21 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ran
             assert (shard[f"{table}/keys"] % len(resumed) == rank).all()
 
 
+def test_graph_modification_on_two_ranks_trains_what_feature_specs_train_on_one(
+        one_and_two_ranks, tmp_path):
+    """The same model through automatic graph modification (raw-id lookups, thresholds per
+    lookup, the timestamp from ASCEND_TIMESTAMP) on two ranks."""
+    one = one_and_two_ranks[0]
+    _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--modify-graph"], 2)
+    two = _shards(tmp_path, 2)
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
+    for table in ("a", "b"):
+        ours, reference = _merged(two, table), _merged([one], table)
+        for name, value in reference.items():
+            np.testing.assert_allclose(ours[name], value, rtol=0, atol=1e-5, err_msg=name)
+
+
 def test_each_rank_writes_its_shard_and_names_every_shard(one_and_two_ranks):
     import json
 

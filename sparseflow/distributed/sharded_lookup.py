@@ -140,86 +140,205 @@ def _batch_embeddings(rt, batch: dict, plan) -> dict:
     return cache[send.name]
 
 
-def _build(rt, batch: dict, plan) -> dict:
-    """Every spec's embeddings of one batch (flat ``[n_keys, dim]``, by unique name)."""
-    send, counts, place, gather, sizes, timestamp = (batch[_key(p, plan)] for p in _PARTS)
-    route = router(rt, plan)
-    world = rt.world
-    exchange = world.exchange(send.graph)
-    train = plan.is_training
-    stamped = plan.timestamp is not None and train
-    tables = route.tables
-    max_dim = route.max_dim
-    # Set when a gradient of this batch's rows is built (graph construction, before any
-    # step runs): until then a training batch's keys are released right after the gather.
-    state = {"gradient": False}
+class _BatchExchange:
+    """One batch's keys to their owners and rows back, and (:meth:`owner_gradients`) the
+    gradients of those rows to the owners: the collectives and owner-side numpy functions
+    of one insert plan's batch."""
 
-    @tf.autograph.experimental.do_not_convert
-    def process(received, received_counts, step_time):
-        return route.process(received, received_counts,
-                             int(step_time) if stamped else None, train)
+    def __init__(self, rt, batch: dict, plan):
+        self.send, self.counts, self.place, self.gather, self.sizes, self.timestamp = (
+            batch[_key(p, plan)] for p in _PARTS)
+        self.route = router(rt, plan)
+        self.world = rt.world
+        self.exchange = self.world.exchange(self.send.graph)
+        self.train = plan.is_training
+        self.stamped = plan.timestamp is not None and self.train
+        self.tables = self.route.tables
+        self.specs = [s for group in plan.tables.values() for s in group]
+        # Set when a gradient of this batch's rows is built (graph construction, before any
+        # step runs): until then a training batch's keys are released right after the read.
+        self.gradient = False
 
-    @tf.autograph.experimental.do_not_convert
-    def read(token):
-        return route.gather(token, keep=state["gradient"], flags=True)
+    def forward(self):
+        """``(unique [U, max_dim], has_row bool [U])`` of every table's unique keys, one
+        table after another (KeyRouter's ``place`` order)."""
+        route, world, max_dim = self.route, self.world, self.route.max_dim
 
-    def forward():
-        received, received_counts, step_time = exchange.all_to_all_dynamic(
-            send, counts, PAD_KEY, timestamp)
-        m = tf.shape(received)[1]
-        token = tf.numpy_function(process, [received, received_counts, step_time], tf.int64,
-                                  stateful=True, name="sparseflow_owner_keys")
-        reply = tf.numpy_function(read, [token], tf.float32, stateful=True,
+        @tf.autograph.experimental.do_not_convert
+        def process(received, received_counts, step_time):
+            return route.process(received, received_counts,
+                                 int(step_time) if self.stamped else None, self.train)
+
+        @tf.autograph.experimental.do_not_convert
+        def read(token):
+            return route.gather(token, keep=self.gradient, flags=True)
+
+        received, received_counts, step_time = self.exchange.all_to_all_dynamic(
+            self.send, self.counts, PAD_KEY, self.timestamp)
+        self.m = tf.shape(received)[1]
+        self.token = tf.numpy_function(process, [received, received_counts, step_time],
+                                       tf.int64, stateful=True, name="sparseflow_owner_keys")
+        reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
                                   name="sparseflow_owner_gather")
         reply = tf.ensure_shape(reply, [world.size, None, max_dim + 1])
-        back = exchange.all_to_all(reply)
-        where = place[:, 0] * m + place[:, 1]
-        both = tf.gather(tf.reshape(back, [-1, max_dim + 1]), where)
-        return both[:, :max_dim], both[:, max_dim] > 0.5, token, m, where
+        back = self.exchange.all_to_all(reply)
+        self.where = self.place[:, 0] * self.m + self.place[:, 1]
+        both = tf.gather(tf.reshape(back, [-1, max_dim + 1]), self.where)
+        return both[:, :max_dim], both[:, max_dim] > 0.5
 
-    if train:
+    def owner_gradients(self, dy: tf.Tensor) -> list:
+        """``dy`` (float32 ``[U, max_dim]``, the gradient of :meth:`forward`'s rows) sent to
+        the owners; per table the ``IndexedSlices`` its optimizer applies there: each key's
+        gradients from every rank summed, at the key's row (-1: none)."""
+        self.gradient = True
+        world, max_dim, route = self.world, self.route.max_dim, self.route
+        to_owners = tf.scatter_nd(self.where[:, None], dy,
+                                  tf.stack([world.size * self.m, max_dim]))
+        received = self.exchange.all_to_all(tf.reshape(to_owners, [world.size, -1, max_dim]))
+
+        @tf.autograph.experimental.do_not_convert
+        def summed(token, grads):
+            return [a for rows, g in route.sum_gradients(token, grads) for a in (rows, g)]
+
+        outs = tf.numpy_function(summed, [self.token, received],
+                                 [tf.int32, tf.float32] * len(self.tables), stateful=True,
+                                 name="sparseflow_owner_gradients")
+        slices = []
+        for t, table in enumerate(self.tables):
+            rows, values = outs[2 * t], outs[2 * t + 1]
+            rows.set_shape([None])
+            values.set_shape([None, table.dim])
+            slices.append(tf.IndexedSlices(
+                values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))
+        return slices
+
+    def spec_indices(self) -> list:
+        """Per spec (plan order), each key's index into :meth:`forward`'s rows."""
+        n_tables = len(self.tables)
+        return tf.split(self.gather, self.sizes[n_tables:], num=len(self.specs))
+
+    def table_bounds(self) -> list:
+        """Per table, ``(start, end)`` of its unique keys among :meth:`forward`'s rows."""
+        ends = tf.cumsum(tf.cast(self.sizes[:len(self.tables)], tf.int32))
+        return [(ends[t] - tf.cast(self.sizes[t], tf.int32), ends[t])
+                for t in range(len(self.tables))]
+
+
+def _build(rt, batch: dict, plan) -> dict:
+    """Every spec's embeddings of one batch (flat ``[n_keys, dim]``, by unique name)."""
+    ex = _BatchExchange(rt, batch, plan)
+    if ex.train:
+        flags = []   # the row flags, which carry no gradient, leave through this list
+
         @tf.custom_gradient
         def exchanged(*anchors):
             del anchors  # only carry the gradients to the tables
-            unique, has_row, token, m, where = forward()
+            unique, has_row = ex.forward()
             flags.append(has_row)
+            return unique, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
 
-            def grad(dy):
-                state["gradient"] = True
-                dy = tf.convert_to_tensor(dy)
-                to_owners = tf.scatter_nd(where[:, None], dy, tf.stack([world.size * m,
-                                                                        max_dim]))
-                received = exchange.all_to_all(tf.reshape(to_owners,
-                                                          [world.size, -1, max_dim]))
-
-                @tf.autograph.experimental.do_not_convert
-                def summed(token, grads):
-                    return [a for rows, g in route.sum_gradients(token, grads)
-                            for a in (rows, g)]
-
-                outs = tf.numpy_function(summed, [token, received],
-                                         [tf.int32, tf.float32] * len(tables),
-                                         stateful=True, name="sparseflow_owner_gradients")
-                slices = []
-                for t, table in enumerate(tables):
-                    rows, values = outs[2 * t], outs[2 * t + 1]
-                    rows.set_shape([None])
-                    values.set_shape([None, table.dim])
-                    slices.append(tf.IndexedSlices(
-                        values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))
-                return slices
-
-            return unique, grad
-
-        flags = []   # the row flags, which carry no gradient, leave through this list
-        unique = exchanged(*[t.gradient_anchor() for t in tables])
+        unique = exchanged(*[t.gradient_anchor() for t in ex.tables])
         has_row = flags[0]
     else:
-        unique, has_row = forward()[:2]
-
-    n_tables = len(tables)
-    specs = [s for group in plan.tables.values() for s in group]
-    pieces = tf.split(gather, sizes[n_tables:], num=len(specs))
+        unique, has_row = ex.forward()
     return {spec.unique_name: (tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece),
                                tf.gather(has_row, piece))
-            for spec, piece in zip(specs, pieces)}
+            for spec, piece in zip(ex.specs, ex.spec_indices())}
+
+
+# -- automatic graph modification (modify_graph=True) ----------------------------------------
+
+class LazyTable:
+    """One table's unique rows of one iterator's batches in a modify-graph program, before
+    the rewrite makes the batches' routed keys: placeholders for the rows (and their
+    gradient at the owners), which :func:`connect_rewritten` points at the exchange.
+    Lookups gather from :attr:`output` (one gradient per table and batch, however many
+    lookups read it)."""
+
+    def __init__(self, table):
+        self.table = table
+        self.unique = tf.compat.v1.placeholder(tf.float32, [None, table.dim],
+                                               name=f"{table.table_name}_sharded_rows")
+        self.has_row = tf.compat.v1.placeholder(tf.bool, [None],
+                                                name=f"{table.table_name}_sharded_has_row")
+        self.grad_rows = tf.compat.v1.placeholder(tf.int32, [None],
+                                                  name=f"{table.table_name}_owner_rows")
+        self.grad_values = tf.compat.v1.placeholder(tf.float32, [None, table.dim],
+                                                    name=f"{table.table_name}_owner_grads")
+        self.dys = []   # the gradients of output built (before the rewrite)
+        lazy = self
+
+        @tf.custom_gradient
+        def rows(anchor):
+            del anchor  # only carries the gradient to the table
+
+            def grad(dy):
+                lazy.dys.append(tf.convert_to_tensor(dy))
+                return tf.IndexedSlices(lazy.grad_values, lazy.grad_rows,
+                                        tf.constant([table.capacity(), table.dim], tf.int64))
+
+            return tf.identity(lazy.unique), grad
+
+        self.output = rows(table.gradient_anchor())
+
+
+def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_default_value,
+                        is_train: bool, thresholds, send_count) -> tf.Tensor:
+    """``sparse_lookup(modify_graph=True)`` on one of several ranks: float32
+    ``ids.shape + [dim]``, read from the table's rows of the batch once the rewrite has
+    connected them (:func:`connect_rewritten`).
+
+    Raises:
+      ValueError: as ``graph_modifier.register_lookup``.
+    """
+    from sparseflow.pipeline.graph_modifier import register_sharded_lookup
+
+    rows, has_row, restore = register_sharded_lookup(table, ids, is_train, thresholds,
+                                                     send_count)
+    with tf.name_scope(name or f"{table.table_name}_lookup"):
+        if serving_default_value is not None:
+            default = tf.broadcast_to(serving_default_value, [table.dim])
+            rows = tf.where(tf.expand_dims(has_row, 1), rows, tf.expand_dims(default, 0))
+        if not with_grad:
+            rows = tf.stop_gradient(rows)
+        out = tf.reshape(tf.gather(rows, restore), tf.concat([tf.shape(ids), [table.dim]], 0))
+        out.set_shape(ids.shape.concatenate([table.dim]))
+        return out
+
+
+def connect_rewritten(rt, batch: dict, plan, lazy_tables: dict, restores: dict) -> None:
+    """Points a rewritten iterator's lookups at the exchange of its batches.
+
+    Args:
+      rt: the runtime (``rt.world`` set).
+      batch: the new iterator's outputs with the routed keys of ``plan``.
+      plan: the insert plan the rewrite made (one spec per lookup).
+      lazy_tables: table name -> :class:`LazyTable` of this iterator.
+      restores: spec unique name -> the lookup's restore placeholder (int32, each key's
+        index into its table's unique rows).
+    """
+    from sparseflow.pipeline.graph_modifier import rewire
+
+    ex = _BatchExchange(rt, batch, plan)
+    unique, has_row = ex.forward()
+    bounds = ex.table_bounds()
+    for t, table in enumerate(ex.tables):
+        lazy = lazy_tables[table.table_name]
+        start, end = bounds[t]
+        rewire(lazy.unique, unique[start:end, :table.dim])
+        rewire(lazy.has_row, has_row[start:end])
+    table_index = {table.table_name: t for t, table in enumerate(ex.tables)}
+    for spec, piece in zip(ex.specs, ex.spec_indices()):
+        rewire(restores[spec.unique_name], piece - bounds[table_index[spec.table_name]][0])
+    if any(lazy_tables[t.table_name].dys for t in ex.tables):
+        max_dim = ex.route.max_dim
+        parts = []
+        for t, table in enumerate(ex.tables):
+            start, end = bounds[t]
+            dys = lazy_tables[table.table_name].dys
+            dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
+            parts.append(tf.pad(dy, [[0, 0], [0, max_dim - table.dim]]))
+        for table, grad in zip(ex.tables, ex.owner_gradients(tf.concat(parts, 0))):
+            lazy = lazy_tables[table.table_name]
+            rewire(lazy.grad_rows, grad.indices)
+            rewire(lazy.grad_values, grad.values)

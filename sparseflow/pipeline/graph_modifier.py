@@ -86,9 +86,9 @@ class PendingLookup:
     ids: tf.Tensor
     spec: FeatureSpec
     is_train: bool
-    rows: tf.Tensor          # placeholder int32 [None]
+    rows: tf.Tensor          # placeholder int32 [None] (None over several ranks)
     restore: tf.Tensor       # placeholder int32 [n]
-    seq: tf.Tensor           # placeholder int64 []
+    seq: tf.Tensor           # placeholder int64 [] (None over several ranks)
 
 
 @dataclass
@@ -100,6 +100,8 @@ class ModifyState:
     initializers: dict = field(default_factory=dict)  # is_training -> iterator initializer
     rewritten: set = field(default_factory=set)  # names of the IteratorGetNext ops rewritten
     replacements: dict = field(default_factory=dict)  # old get_next output name -> new output
+    # Over several ranks: (get_next op, train, table) -> sharded_lookup.LazyTable.
+    lazy_tables: dict = field(default_factory=dict)
 
 
 def _state() -> ModifyState:
@@ -118,21 +120,8 @@ def register_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | No
     Raises:
       ValueError: ``ids`` does not come from an ``IteratorGetNext``, or is not int32/int64.
     """
-    if ids.op.type != "IteratorGetNext":
-        raise ValueError(f"Argument `ids` must be an output of iterator.get_next() for "
-                         f"modify_graph=True (the rewrite inserts key processing behind that "
-                         f"iterator). Received: {ids.name} from a {ids.op.type} op")
-    if ids.dtype not in (tf.int32, tf.int64):
-        raise ValueError(f"Argument `ids` must be int32 or int64. Received: {ids.dtype.name}")
     state = _state()
-    thresholds = dict(thresholds or {})
-    spec = FeatureSpec(f"{table.table_name}_lookup_{next(_counter)}", table_name=table.table_name,
-                       index_key=str(ids.value_index),
-                       access_threshold=thresholds.get("access_threshold"),
-                       eviction_threshold=thresholds.get("eviction_threshold"),
-                       faae_coefficient=thresholds.get("faae_coefficient", 1))
-    if send_count is not None:
-        table.send_counts[spec.unique_name] = send_count
+    spec = _lookup_spec(table, ids, thresholds, send_count)
     key = (ids.op.name, table.table_name, is_train)
     if key not in state.placeholders:
         state.placeholders[key] = (
@@ -145,7 +134,51 @@ def register_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | No
     return rows, restore, seq
 
 
-def _rewire(old: tf.Tensor, new: tf.Tensor) -> None:
+def register_sharded_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: dict | None,
+                            send_count: int | None = None):
+    """:func:`register_lookup` over several ranks: returns ``(rows, has_row, restore)``,
+    the table's unique rows of the iterator's batch (float32 ``[U, dim]``, one tensor per
+    table and iterator, whose gradient reaches the owners), whether each owns a row, and
+    the lookup's restore placeholder; the rewrite connects them (``sharded_lookup``).
+
+    Raises:
+      ValueError: as :func:`register_lookup`.
+    """
+    from sparseflow.distributed.sharded_lookup import LazyTable
+
+    state = _state()
+    spec = _lookup_spec(table, ids, thresholds, send_count)
+    key = (ids.op.name, is_train, table.table_name)
+    if key not in state.lazy_tables:
+        state.lazy_tables[key] = LazyTable(table)
+    lazy = state.lazy_tables[key]
+    restore = tf.compat.v1.placeholder(tf.int32, [ids.shape.num_elements()],
+                                       name=f"{spec.name}_restore")
+    state.lookups.append(PendingLookup(ids, spec, is_train, None, restore, None))
+    return lazy.output, lazy.has_row, restore
+
+
+def _lookup_spec(table, ids: tf.Tensor, thresholds: dict | None, send_count: int | None):
+    """The feature spec a modify-graph lookup of ``ids`` stands for."""
+    if ids.op.type != "IteratorGetNext":
+        raise ValueError(f"Argument `ids` must be an output of iterator.get_next() for "
+                         f"modify_graph=True (the rewrite inserts key processing behind that "
+                         f"iterator). Received: {ids.name} from a {ids.op.type} op")
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise ValueError(f"Argument `ids` must be int32 or int64. Received: {ids.dtype.name}")
+    thresholds = dict(thresholds or {})
+    spec = FeatureSpec(f"{table.table_name}_lookup_{next(_counter)}", table_name=table.table_name,
+                       index_key=str(ids.value_index),
+                       access_threshold=thresholds.get("access_threshold"),
+                       eviction_threshold=thresholds.get("eviction_threshold"),
+                       faae_coefficient=thresholds.get("faae_coefficient", 1))
+    if send_count is not None:
+        table.send_counts[spec.unique_name] = send_count
+    return spec
+
+
+def rewire(old: tf.Tensor, new: tf.Tensor) -> None:
+    """Points every consumer of ``old`` at ``new``."""
     for consumer in list(old.consumers()):
         for index, tensor in enumerate(consumer.inputs):
             if tensor is old:
@@ -215,11 +248,15 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
         specs.append(FeatureSpec(f"timestamp_{next(_counter)}", is_timestamp=True,
                                  index_key=str(stamps[0].value_index)))
     insert = _insert.get_asc_insert_func(tgt_key_specs=specs, is_training=is_train)
-    plan = _runtime.current().insert_plans[-1]
+    rt = _runtime.current()
+    plan = rt.insert_plans[-1]
+    added = []   # the batch-dict keys the insert function adds (rows, or routed keys)
 
     def add_rows(*flat):
-        out = insert({str(i): t for i, t in enumerate(flat)})
-        return flat + (out[plan.flat_key], out[plan.sizes_key])
+        batch = {str(i): t for i, t in enumerate(flat)}
+        out = insert(batch)
+        added[:] = sorted(k for k in out if k not in batch)
+        return flat + tuple(out[k] for k in added)
 
     def with_rows(variant):
         return tf.data.experimental.from_variant(variant, spec).map(add_rows)
@@ -233,17 +270,24 @@ def _rewrite(get_next: tf.Operation, is_train: bool, lookups, state: ModifyState
     batch = {str(i): t for i, t in enumerate(new[:len(outputs)])}
     for old, replacement in zip(outputs, new[:len(outputs)]):
         state.replacements[old.name] = replacement
-    batch[plan.flat_key], batch[plan.sizes_key] = new[-2], new[-1]
+    batch.update(zip(added, new[len(outputs):]))
     for old_tensor, new_tensor in zip(outputs, new[:len(outputs)]):
-        _rewire(old_tensor, new_tensor)
+        rewire(old_tensor, new_tensor)
     done = set()
+    if rt.world is not None:   # the tables are sharded over the ranks
+        from sparseflow.distributed.sharded_lookup import connect_rewritten
+        lazy = {table: found for (op, train, table), found in state.lazy_tables.items()
+                if op == get_next.name and train == is_train}
+        connect_rewritten(rt, batch, plan, lazy, {lk.spec.unique_name: lk.restore
+                                                  for lk in lookups})
+        lookups = []
     for lookup in lookups:
         table = lookup.spec.table_name
         if (table, lookup.rows.name) not in done:
-            _rewire(lookup.rows, _insert.batch_rows(batch, table))
-            _rewire(lookup.seq, _insert.batch_seq(batch, table))
+            rewire(lookup.rows, _insert.batch_rows(batch, table))
+            rewire(lookup.seq, _insert.batch_seq(batch, table))
             done.add((table, lookup.rows.name))
-        _rewire(lookup.restore, _insert.batch_restore(batch, lookup.spec))
+        rewire(lookup.restore, _insert.batch_restore(batch, lookup.spec))
     # A one-shot iterator starts itself; a no-op keeps sess.run(get_initializer(...)) valid.
     state.initializers[is_train] = (tf.no_op(name="one_shot_iterator_starts_itself")
                                     if one_shot else iterator.initializer)

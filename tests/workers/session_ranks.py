@@ -3,10 +3,12 @@ by tests/test_session_ranks.py: the same global batches either way.
 
     python -m tests.workers.session_ranks OUT_DIR STEPS [--save-at K --save-to PREFIX]
                                                         [--restore PREFIX --start K]
+                                                        [--modify-graph]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
-any number of ranks) and train global steps K+1..STEPS.
+any number of ranks) and train global steps K+1..STEPS. ``--modify-graph``: the same model
+through automatic graph modification (lookups of raw ids, thresholds per lookup).
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -32,7 +34,7 @@ GLOBAL_BATCH = 32
 
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
-         start: int) -> None:
+         start: int, modify_graph: bool) -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init()
     rank, size = collectives.rank_and_size()
@@ -49,10 +51,20 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     # dataset.shard by rank before batching).
     ds = tf.data.Dataset.from_tensor_slices(data).shard(size, rank)
     ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True).skip(start)
-    ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
-    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-    pooled = [tf.reduce_sum(sf.sparse_lookup(tables[0 if s.table_name == "a" else 1], s,
-                                             batch=batch), 1) for s in specs[:3]]
+    if modify_graph:
+        iterator = tf.compat.v1.data.make_initializable_iterator(ds)
+        batch = iterator.get_next()
+        tf.compat.v1.add_to_collection("ASCEND_TIMESTAMP", batch["ts"])
+        pooled = [tf.reduce_sum(sf.sparse_lookup(
+            tables[0 if s.table_name == "a" else 1], batch[s.name], modify_graph=True,
+            access_and_evict_config=None if s.table_name == "b" else {
+                "access_threshold": 2, "faae_coefficient": s.faae_coefficient}), 1)
+            for s in specs[:3]]
+    else:
+        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
+        batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        pooled = [tf.reduce_sum(sf.sparse_lookup(tables[0 if s.table_name == "a" else 1], s,
+                                                 batch=batch), 1) for s in specs[:3]]
     x = tf.concat(pooled, axis=1)
     w0 = np.random.default_rng(5).normal(0, 0.3, (int(x.shape[1]), 1)).astype(np.float32)
     w = tf.compat.v1.get_variable("w", initializer=w0)
@@ -68,10 +80,15 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
     global_loss = collectives.all_reduce(loss, "sum")
     saver = sf.Saver()
-    sf.start_asc_pipeline()
+    if modify_graph:
+        sf.modify_graph_and_start_emb_cache()
+    else:
+        sf.start_asc_pipeline()
     losses = []
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
+        if modify_graph:
+            sess.run(sf.get_initializer(True))
         if restore:
             saver.restore(sess, restore)
         for step in range(start + 1, steps + 1):
@@ -94,5 +111,6 @@ if __name__ == "__main__":
     parser.add_argument("--save-to", default="")
     parser.add_argument("--restore", default="")
     parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--modify-graph", action="store_true")
     a = parser.parse_args()
-    main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start)
+    main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph)
