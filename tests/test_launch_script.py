@@ -53,7 +53,7 @@ def test_a_failed_rank_ends_the_others_and_the_job(tmp_path):
     assert "killing rank 0" in done.stderr and "rank 1 failed with status 3" in done.stderr
 
 
-def test_a_one_process_face_refuses_to_run_as_one_of_several_ranks(tmp_path):
+def test_a_face_without_its_strategy_refuses_to_run_as_one_of_several_ranks(tmp_path):
     done = launch(tmp_path, """
         from sparseflow import tf2
         tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 4, name="t"))}, tf2.SGD(0.1))
@@ -63,6 +63,7 @@ def test_a_one_process_face_refuses_to_run_as_one_of_several_ranks(tmp_path):
     assert "trained alone" not in done.stdout
     assert ("this process is rank 1 of 2 (SPARSEFLOW_RANK=1, SPARSEFLOW_WORLD_SIZE=2 (set by "
             "sparseflow launch))") in done.stdout
+    assert "MultiWorkerMirroredStrategy" in done.stdout
 
 
 def test_usage_errors(tmp_path):

@@ -477,13 +477,14 @@ def test_a_batch_is_enqueued_on_the_channel_it_was_preprocessed_for():
         embedding.preprocess({"f": tf.constant([1])}, training=tf.constant(True))
 
 
-def test_several_replicas_are_refused(monkeypatch):
+def test_several_replicas_in_one_process_are_refused(monkeypatch):
     class TwoReplicas:
         num_replicas_in_sync = 2
 
     embedding = tf2.Embedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 2, name="t"))})
     monkeypatch.setattr(tf.distribute, "get_replica_context", lambda: TwoReplicas())
-    with pytest.raises(RuntimeError, match=r"runs under one replica; this strategy has 2"):
+    with pytest.raises(RuntimeError, match=r"runs one replica per rank \(1 here\); this "
+                                           r"strategy has 2 replicas"):
         embedding.enqueue({"f": tf.constant([1])})
 
 

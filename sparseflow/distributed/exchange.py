@@ -9,6 +9,9 @@ counter advanced identically everywhere.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import tensorflow as tf
 
 from sparseflow.validation import INT32_MAX, check_float, check_int
@@ -107,3 +110,75 @@ class Exchange:
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
         x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
         return self.all_to_all(x), received_counts, most[1]
+
+
+# A run-keyed instance key is (op's place) * _RUNS + (run mod _RUNS): int32 keys for 2047
+# places, each run told from the 2^20 runs before it.
+_RUNS = 1 << 20
+_PLACES = (1 << 31) // _RUNS - 1
+
+
+class RunKeyedExchange(Exchange):
+    """:class:`Exchange` for graphs whose collective ops may execute in any order (a
+    ``tf.compat.v1`` graph run by a Session), needing no variable. Each collective op takes
+    the next place from ``places`` when it is built and counts its own runs; its key joins
+    the two, so every rank gives the same run of the same op the same key whatever order
+    the ops of one step execute in, and a run never meets another run's peer (a rank that
+    finished an all-to-all may start the next step's while a slower peer still reads the
+    previous one). Places must be built in the same order on every rank.
+
+    Args:
+      world_size, timeout_seconds, group_key: as :class:`Exchange`.
+      places: returns the next op place (1, 2, ...), the same sequence on every rank.
+    """
+
+    def __init__(self, world_size: int, timeout_seconds: float, group_key: int, places):
+        self.world_size = world_size
+        self.timeout_seconds = timeout_seconds
+        self.group_key = group_key
+        self._places = places
+
+    def _keys(self, n: int):
+        return [_run_key(self._places(), itertools.count()) for _ in range(n)]
+
+
+class CountedExchange(Exchange):
+    """:class:`Exchange` for eager code and ``tf.function``s, needing no variable (a
+    variable made under a distribution strategy's scope is the strategy's): every
+    collective this exchange runs takes the next count of one counter, at run time. A
+    ``tf.function`` runs its stateful ops in program order, so every rank counts its
+    collectives alike however often each rank retraced a function (a trace depends on the
+    shapes a rank saw, which differ between ranks).
+
+    Args:
+      world_size, timeout_seconds, group_key: as :class:`Exchange`.
+      place: this exchange's own place (in [1, 2047]), the same on every rank: two
+        exchanges of one group must not share one.
+    """
+
+    def __init__(self, world_size: int, timeout_seconds: float, group_key: int, place: int):
+        self.world_size = world_size
+        self.timeout_seconds = timeout_seconds
+        self.group_key = group_key
+        self._place = place
+        self._runs = itertools.count()
+
+    def _keys(self, n: int):
+        return [_run_key(self._place, self._runs) for _ in range(n)]
+
+
+def _run_key(place: int, runs) -> tf.Tensor:
+    """An int32 instance key: ``place`` joined with the next count of ``runs``, taken when
+    the op runs."""
+    if not 0 < place <= _PLACES:
+        raise ValueError(f"At most {_PLACES} collective ops may be built among ranks; this "
+                         f"one would be op {place}.")
+
+    @tf.autograph.experimental.do_not_convert
+    def next_key():
+        return np.int32(place * _RUNS + next(runs) % _RUNS)
+
+    key = tf.numpy_function(next_key, [], tf.int32, stateful=True,
+                            name="sparseflow_collective_key")
+    key.set_shape([])
+    return key

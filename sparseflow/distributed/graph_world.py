@@ -23,7 +23,7 @@ import itertools
 import threading
 
 from sparseflow.distributed.cluster import AddressInUseError, World, _why_unbindable, world_from_env
-from sparseflow.distributed.exchange import Exchange
+from sparseflow.distributed.exchange import RunKeyedExchange
 from sparseflow.distributed.ranks import Ranks
 from sparseflow.pipeline.graph_cache import graph_cache
 
@@ -72,22 +72,12 @@ class GraphWorld:
         return cache["exchange"]
 
 
-class GraphExchange(Exchange):
-    """:class:`Exchange` for graph programs. Each collective op has its own place in its
-    graph (build order) and counts its own runs; its instance key joins the two, so that
-    every rank gives the same run of the same op the same key, whatever order the ops of
-    one ``Session.run`` execute in, and a run never meets another run's peer (a rank that
-    finished an all-to-all may start the next step's while a slower peer still reads the
-    previous one)."""
+class GraphExchange(RunKeyedExchange):
+    """:class:`RunKeyedExchange` for a graph program: op places counted per graph."""
 
     def __init__(self, world_size: int, timeout_seconds: float, graph):
-        self.world_size = world_size
-        self.timeout_seconds = timeout_seconds
-        self.group_key = GRAPH_GROUP_KEY
-        self._graph = graph
-
-    def _keys(self, n: int):
-        return [_run_key(instance_keys(self._graph)) for _ in range(n)]
+        super().__init__(world_size, timeout_seconds, GRAPH_GROUP_KEY,
+                         lambda: instance_keys(graph))
 
 
 def instance_keys(graph) -> int:
@@ -95,31 +85,6 @@ def instance_keys(graph) -> int:
     cache = graph_cache(graph, "collective_instance_keys")
     counter = cache.setdefault("counter", itertools.count(1))
     return next(counter)
-
-
-# An instance key is (op's place) * _RUNS + (run mod _RUNS): int32 keys for 2047 collective
-# ops per graph, each run told from the 2^20 runs before it.
-_RUNS = 1 << 20
-_OPS = (1 << 31) // _RUNS - 1
-
-
-def _run_key(place: int):
-    import numpy as np
-    import tensorflow as tf
-
-    if place > _OPS:
-        raise ValueError(f"A graph may hold at most {_OPS} collective ops among ranks; this "
-                         f"one would be op {place}.")
-    runs = itertools.count()
-
-    @tf.autograph.experimental.do_not_convert
-    def next_key():
-        return np.int32(place * _RUNS + next(runs) % _RUNS)
-
-    key = tf.numpy_function(next_key, [], tf.int32, stateful=True,
-                            name="sparseflow_collective_key")
-    key.set_shape([])
-    return key
 
 
 _WORLD: GraphWorld | None = None

@@ -65,16 +65,21 @@ class Embedding(tf.Module):
         Embedding only serves.
       name: the module's name.
 
+    Over several ranks (``sparseflow launch``, ``TF_CONFIG``) create it under
+    ``tf.distribute.MultiWorkerMirroredStrategy().scope()`` (one replica per rank): each
+    rank then holds the keys ``key mod N`` of every table, and every batch's keys travel to
+    their owners and rows back on the strategy's collectives (``sharding.py``, and
+    docs/multi-worker.md); dense gradients are the training loop's to all-reduce.
+
     Raises:
-      RuntimeError: this process is one of several ranks (``distributed/ranks.py``): each
-        would train tables of its own.
+      RuntimeError: several ranks and no such strategy.
       TypeError, ValueError: a config is invalid, two tables share a name, or a table has
         no optimizer while training needs one (at :meth:`apply_gradients`).
     """
 
     def __init__(self, feature_config, optimizer=None, name: str = "sparseflow_embedding"):
-        from sparseflow.distributed.ranks import require_one_process
-        require_one_process("sparseflow.tf2.Embedding")
+        from sparseflow.tf2.sharding import Tf2Sharding
+        sharding = Tf2Sharding.for_process("sparseflow.tf2.Embedding")
         super().__init__(name=name)
         if optimizer is not None and not isinstance(optimizer, OPTIMIZERS):
             fail("optimizer", "None or one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL",
@@ -111,6 +116,10 @@ class Embedding(tf.Module):
             fail("feature_config", "features with distinct names", names)
         self._enqueued = None
         self._dequeued = None
+        # Over several ranks: the routing of keys to their owners (None in one process).
+        self._sharding = self._no_dependency(
+            sharding.bind(self._tables, [f.table_index for f in self._features])
+            if sharding is not None else None)
 
     @staticmethod
     def _make_table(config: TableConfig, name: str, optimizer, kernels: dict) -> SparseTable:
@@ -187,6 +196,15 @@ class Embedding(tf.Module):
         parts = [self._ids_and_segments(f, x) for f, x in zip(self._features, flat)]
         ts = no_timestamp() if timestamp is None else batch_timestamp(timestamp)
         n_tables, n_features = len(self._tables), len(self._features)
+        if self._sharding is not None:   # keys go to their owners in the step
+            mark = _TRAINING_MARK if training else _EVALUATION_MARK
+            out = {mark: tf.constant(True)}
+            out.update(self._sharding.route(ts, [p[0] for p in parts], timestamp is not None))
+            for f, (_, segments, n_segments) in zip(self._features, parts):
+                if segments is not None:
+                    out[f"segments/{f.name}"] = segments
+                    out[f"n_segments/{f.name}"] = n_segments
+            return out
 
         @tf.autograph.experimental.do_not_convert
         def process(ts, *ids):
@@ -235,6 +253,10 @@ class Embedding(tf.Module):
         """The ids of each of ``members`` (feature indices) in a packed batch."""
         n_tables = len(self._tables)
         return tf.gather(batch["sizes"], [n_tables + k for k in members])
+
+    def _id_count(self, batch, k: int) -> tf.Tensor:
+        """Feature ``k``'s ids in a processed batch (int32 scalar)."""
+        return tf.cast(batch["sizes"][len(self._tables) + k], tf.int32)
 
     def _flatten(self, features) -> list:
         try:
@@ -322,7 +344,7 @@ class Embedding(tf.Module):
         if not isinstance(training, bool):
             fail("training", "a Python bool (the channel is fixed when the step is traced)",
                  training, TypeError)
-        self._check_one_replica()
+        self._check_replicas()
         if isinstance(features, dict) and (_TRAINING_MARK in features
                                            or _EVALUATION_MARK in features):
             if (_TRAINING_MARK in features) != training:
@@ -332,16 +354,19 @@ class Embedding(tf.Module):
             features = self.preprocess(features, training, timestamp)
         self._enqueued = (features, training)
 
-    @staticmethod
-    def _check_one_replica() -> None:
+    def _check_replicas(self) -> None:
+        """One replica per rank: the ranks (several under MultiWorkerMirroredStrategy) or
+        one process."""
         replica = tf.distribute.get_replica_context()
         n = (replica.num_replicas_in_sync if replica is not None
              else tf.distribute.get_strategy().num_replicas_in_sync)
-        if n > 1:
+        ranks = 1 if self._sharding is None else self._sharding.world_size
+        if n != ranks:
             raise RuntimeError(
-                f"sparseflow.tf2.Embedding runs under one replica; this strategy has {n}. "
-                f"Each replica would gather and update the whole batch (multi-worker "
-                f"training is its own issue).")
+                f"sparseflow.tf2.Embedding runs one replica per rank ({ranks} here); this "
+                f"strategy has {n} replicas. Several replicas in one process would each "
+                f"gather and update the whole batch: run one process per replica "
+                f"(MultiWorkerMirroredStrategy over `sparseflow launch -n N`).")
 
     # -- 3. dequeue ----------------------------------------------------------------------
 
@@ -355,7 +380,7 @@ class Embedding(tf.Module):
         """
         if self._enqueued is None:
             raise RuntimeError("Embedding.dequeue() needs a batch: call enqueue() first.")
-        self._check_one_replica()
+        self._check_replicas()
         batch, training = self._enqueued
         activations = self.activations(batch, training)
         self._dequeued = (batch, training)
@@ -367,6 +392,9 @@ class Embedding(tf.Module):
         output per embedding width), then TF combiners."""
         tables, features, groups = self._tables, self._features, self._dim_groups
         n_tables = len(tables)
+        if self._sharding is not None:
+            flats = self._sharding.embeddings(batch, training, [f.dim for f in features])
+            return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
 
         @tf.autograph.experimental.do_not_convert
         def gather(packed, sizes):
@@ -467,7 +495,8 @@ class Embedding(tf.Module):
         per_id = []
         for k, (f, grad) in enumerate(zip(features, gradients)):
             if grad is None:
-                n = tf.cast(batch["sizes"][n_tables + k], tf.int32)
+                n = (self._sharding.id_count(batch, k) if self._sharding is not None
+                     else self._id_count(batch, k))
                 per_id.append(tf.zeros(tf.stack([n, f.dim])))
                 continue
             grad = tf.convert_to_tensor(grad, tf.float32)
@@ -479,6 +508,8 @@ class Embedding(tf.Module):
             d = tf.gather(grad, batch[f"segments/{f.name}"])
             scale = self._scale(f, batch)
             per_id.append(d if scale is None else d * tf.expand_dims(scale, 1))
+        if self._sharding is not None:   # to the owners, who sum and apply them
+            return self._sharding.update(batch, per_id)
 
         # One input per feature: a numpy_function input is a zero-copy view, while
         # concatenating them in TF would copy every gradient once more.

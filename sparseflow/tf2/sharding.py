@@ -1,0 +1,170 @@
+"""The TF2 faces (``sparseflow.tf2.Embedding``, the Keras layer) over several ranks: each rank
+holds the keys ``key mod N`` of every table; a batch's keys travel to their owners and rows
+back on the collectives of ``tf.distribute.MultiWorkerMirroredStrategy``.
+
+Per batch, as the Session API's sharded lookups (``distributed/sharded_lookup.py``):
+:meth:`BoundSharding.route` in the ``tf.data`` map deduplicates every table's ids over its
+features and lays them out by owner (``KeyRouter.route``); :meth:`BoundSharding.embeddings`
+exchanges them, runs admission, timestamps and row allocation at the owners and brings the
+rows back; :meth:`BoundSharding.update` sends the rows' gradients to the owners, which sum
+each key's over the ranks and apply the table's optimizer once.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
+from sparseflow.distributed.routing import KeyRouter
+from sparseflow.distributed.sharding import PAD_KEY
+
+# Above the YAML trainer's groups (GROUP_KEY .. GROUP_KEY + 2).
+TF2_GROUP_KEY = GROUP_KEY + 10
+TIMEOUT_SECONDS = 300.0
+# Each Embedding's exchange has a place of its own: the ranks make their Embeddings in the
+# same order.
+_PLACES = itertools.count(1)
+_ROUTE = ("route/send", "route/counts", "route/place", "route/gather", "route/sizes",
+          "route/timestamp")
+
+
+class Tf2Sharding:
+    """This process's place among the ranks of a TF2 program.
+
+    Args:
+      rank, world_size: this process and the number of ranks.
+    """
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    @classmethod
+    def for_process(cls, face: str) -> "Tf2Sharding | None":
+        """The ranks this process is one of (None when alone).
+
+        Raises:
+          RuntimeError: several ranks, and the current strategy is not a
+            ``MultiWorkerMirroredStrategy`` with one replica per rank.
+        """
+        from sparseflow.distributed.ranks import detect
+
+        ranks = detect()
+        if ranks.size == 1:
+            return None
+        strategy = tf.distribute.get_strategy()
+        replicas = strategy.num_replicas_in_sync
+        if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                or replicas != ranks.size):
+            raise RuntimeError(
+                f"{face}: this process is rank {ranks.rank} of {ranks.size} ({ranks.source}); "
+                f"the tables are shared among the ranks over the collectives of "
+                f"tf.distribute.MultiWorkerMirroredStrategy: create it under "
+                f"`strategy.scope()` of one with a replica per rank. Found "
+                f"{type(strategy).__name__} with {replicas} replica(s).")
+        return cls(ranks.rank, ranks.size)
+
+    def bind(self, tables: list, feature_tables: list[int]) -> "BoundSharding":
+        """The routing of ``tables`` (this rank's shards), read by features whose table is
+        ``feature_tables[k]``."""
+        return BoundSharding(self, tables, feature_tables)
+
+
+class BoundSharding:
+    """One Embedding's tables among the ranks (see the module docstring)."""
+
+    def __init__(self, sharding: Tf2Sharding, tables: list, feature_tables: list[int]):
+        self.world_size = sharding.world_size
+        self.tables = tables
+        self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
+                                sharding.world_size)
+        self.exchange = CountedExchange(sharding.world_size, TIMEOUT_SECONDS, TF2_GROUP_KEY,
+                                        next(_PLACES))
+
+    def route(self, timestamp: tf.Tensor, ids: list, stamped: bool) -> dict:
+        """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what
+        ``preprocess`` returns (under ``route/...`` keys; ``route/stamped`` when the batch
+        has a timestamp)."""
+        router, n, n_tables = self.router, self.world_size, len(self.tables)
+
+        @tf.autograph.experimental.do_not_convert
+        def route(*keys):
+            return router.route(list(keys))
+
+        send, counts, place, gather, sizes = tf.numpy_function(
+            route, ids, [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64], stateful=True,
+            name="sparseflow_tf2_route_keys")
+        out = dict(zip(_ROUTE, (
+            tf.ensure_shape(send, [n, None, 2]), tf.ensure_shape(counts, [n, n_tables]),
+            tf.ensure_shape(place, [None, 2]), tf.ensure_shape(gather, [None]),
+            tf.ensure_shape(sizes, [n_tables + len(ids)]), tf.cast(timestamp, tf.int64))))
+        if stamped:
+            out["route/stamped"] = tf.constant(True)
+        return out
+
+    def id_count(self, batch: dict, k: int) -> tf.Tensor:
+        """Feature ``k``'s ids in a routed batch (int32 scalar)."""
+        return tf.cast(batch["route/sizes"][len(self.tables) + k], tf.int32)
+
+    def embeddings(self, batch: dict, training: bool, dims: list[int]) -> list:
+        """Each feature's embeddings (float32 ``[n_ids, dim]``, feature order) of a routed
+        batch; for training, what :meth:`update` needs stays in ``batch``."""
+        router, exchange, max_dim = self.router, self.exchange, self.router.max_dim
+        stamped = training and "route/stamped" in batch
+        received, received_counts, step_time = exchange.all_to_all_dynamic(
+            batch["route/send"], batch["route/counts"], PAD_KEY, batch["route/timestamp"])
+
+        @tf.autograph.experimental.do_not_convert
+        def process(received, received_counts, step_time):
+            return router.process(received, received_counts,
+                                  int(step_time) if stamped else None, training)
+
+        token = tf.numpy_function(process, [received, received_counts, step_time], tf.int64,
+                                  stateful=True, name="sparseflow_tf2_owner_keys")
+
+        @tf.autograph.experimental.do_not_convert
+        def read(token):
+            return router.gather(token, keep=training)
+
+        reply = tf.ensure_shape(
+            tf.numpy_function(read, [token], tf.float32, stateful=True,
+                              name="sparseflow_tf2_owner_gather"),
+            [self.world_size, None, max_dim])
+        back = exchange.all_to_all(reply)
+        m = tf.shape(received)[1]
+        place = batch["route/place"]
+        where = place[:, 0] * m + place[:, 1]
+        unique = tf.gather(tf.reshape(back, [-1, max_dim]), where)
+        pieces = self._pieces(batch)
+        if training:
+            batch["route/token"], batch["route/m"], batch["route/where"] = token, m, where
+            batch["route/unique"] = tf.shape(unique)[0]
+        return [tf.gather(unique[:, :dim], piece) for dim, piece in zip(dims, pieces)]
+
+    def _pieces(self, batch: dict) -> list:
+        n_tables = len(self.tables)
+        n_features = batch["route/sizes"].shape[0] - n_tables
+        return tf.split(batch["route/gather"], batch["route/sizes"][n_tables:], num=n_features)
+
+    def update(self, batch: dict, per_id: list) -> tf.Tensor:
+        """Sends each id's gradient (``per_id``: float32 ``[n_ids, dim]`` per feature) to
+        its key's owner, which sums them over the ranks and applies the table's optimizer
+        once. Returns the owners' update output (int64), for control dependencies.
+
+        Raises:
+          RuntimeError: the batch's embeddings were not read for training first.
+        """
+        if "route/token" not in batch:
+            raise RuntimeError("Embedding.update() needs the batch's activations read for "
+                               "training first (dequeue, or activations(training=True)).")
+        max_dim, n = self.router.max_dim, self.world_size
+        dy = tf.zeros(tf.stack([batch["route/unique"], max_dim]))
+        for grad, piece in zip(per_id, self._pieces(batch)):
+            grad = tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
+            dy += tf.math.unsorted_segment_sum(grad, piece, batch["route/unique"])
+        m = batch["route/m"]
+        to_owners = tf.scatter_nd(batch["route/where"][:, None], dy, tf.stack([n * m, max_dim]))
+        received = self.exchange.all_to_all(tf.reshape(to_owners, [n, -1, max_dim]))
+        return tf.numpy_function(self.router.update, [batch["route/token"], received],
+                                 tf.int64, stateful=True, name="sparseflow_tf2_owner_update")

@@ -1,0 +1,54 @@
+"""sparseflow.tf2.Embedding and the Keras layer on several ranks under
+tf.distribute.MultiWorkerMirroredStrategy: one model over tables sharded by key, equal to one
+process on the same global batches (tests/workers/tf2_ranks.py)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 12
+
+
+def _run(out_dir, ranks: int | None, *flags) -> list:
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
+        env.pop(name, None)
+    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
+                "5", "-m"] if ranks else [sys.executable, "-m"])
+    done = subprocess.run(command + ["tests.workers.tf2_ranks", str(out_dir), str(STEPS),
+                                     *flags], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return [np.load(os.path.join(out_dir, f"rank{r}.npz")) for r in range(ranks or 1)]
+
+
+@pytest.mark.parametrize("flags", [(), ("--keras",)], ids=["embedding", "keras-layer"])
+def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path, flags):
+    (one,) = _run(tmp_path / "one", None, *flags)
+    two = _run(tmp_path / "two", 2, *flags)
+    assert one["losses"][-1] < one["losses"][0]
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(shard["w"], one["w"], rtol=0, atol=1e-5)
+    for table in ("a", "b"):
+        keys = [shard[f"{table}/keys"] for shard in two]
+        for rank, owned in enumerate(keys):
+            assert (owned % 2 == rank).all()
+        merged = np.concatenate(keys)
+        order = np.argsort(merged)
+        np.testing.assert_array_equal(merged[order], one[f"{table}/keys"])
+        for name in ("weights", "momentum", "velocity", "counts", "last_seen"):
+            ours = np.concatenate([shard[f"{table}/{name}"] for shard in two])[order]
+            np.testing.assert_allclose(ours, one[f"{table}/{name}"], rtol=0, atol=1e-5,
+                                       err_msg=f"{table}/{name}")
+        for shard in two:
+            assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"]) == STEPS
+    # Table a admits on the counts of both ranks' batches: some keys stay counted only.
+    assert len(one["a/counted"]) > 0
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([shard["a/counted"] for shard in two])), one["a/counted"])

@@ -1,0 +1,90 @@
+"""A TF2 program (sparseflow.tf2.Embedding in a custom training loop under
+tf.distribute.MultiWorkerMirroredStrategy), run as 1 process or as N ranks (``sparseflow
+launch``) by tests/test_tf2_ranks.py, on the same global batches either way.
+
+    python -m tests.workers.tf2_ranks OUT_DIR STEPS [--keras]
+
+Two tables (one read by two features), admission on one, timestamps; a linear head whose
+gradient is all-reduced with "sum" by the replica context; the loss the local batch's sum
+over the global batch size. ``--keras``: table "b" is a sparseflow.keras.SparseEmbedding
+layer (its own sparse optimizer, applied in the backward pass) instead of an Embedding
+feature. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
+table, sorted by key.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from sparseflow import tf2  # noqa: E402
+from sparseflow.distributed.ranks import detect  # noqa: E402
+from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
+
+GLOBAL_BATCH = 32
+
+
+def main(out_dir: str, steps: int, keras_layer: bool) -> None:
+    ranks = detect()
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
+                else tf.distribute.get_strategy())
+    data = two_table_data(seed=3, n_rows=GLOBAL_BATCH * steps, v1=300, v2=60, drift=7)
+    ts = np.arange(GLOBAL_BATCH * steps, dtype=np.int64) // GLOBAL_BATCH
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=7)
+    a = tf2.TableConfig(4000, 8, initializer=init, combiner="sum", name="a",
+                        access_threshold=2)
+    b = tf2.TableConfig(200, 4, initializer=init, combiner="sum", name="b")
+    features = {"f1": tf2.FeatureConfig(a, name="f1"), "f2": tf2.FeatureConfig(a, name="f2")}
+    if not keras_layer:
+        features["f3"] = tf2.FeatureConfig(b, name="f3")
+    with strategy.scope():
+        embedding = tf2.Embedding(features, tf2.Adam(0.05))
+        layer = None
+        if keras_layer:
+            from sparseflow.keras import SparseEmbedding
+            layer = SparseEmbedding(200, 4, initializer=init, optimizer=tf2.Adam(0.05),
+                                    combiner="sum", name="b")
+    # The head: a plain variable on every rank, kept equal by all-reduced gradients.
+    w0 = np.random.default_rng(5).normal(0, 0.3, (20, 1)).astype(np.float32)
+    w = tf.Variable(w0)
+
+    ds = tf.data.Dataset.from_tensor_slices(dict(data, ts=ts)).shard(ranks.size, ranks.rank)
+    ds = ds.batch(GLOBAL_BATCH // ranks.size, drop_remainder=True)
+    ds = ds.map(lambda x: (embedding.preprocess({k: x[k] for k in features}, training=True,
+                                                timestamp=x["ts"]), x["f3"], x["label"]))
+
+    def replica_step(batch, f3, label):
+        embedding.enqueue(batch, training=True)
+        with tf.GradientTape() as tape:
+            acts = embedding.dequeue()
+            tape.watch(acts)
+            third = layer(f3, training=True) if layer is not None else acts["f3"]
+            x = tf.concat([acts["f1"], acts["f2"], third], 1)
+            logit = tf.squeeze(tf.matmul(x, w), 1)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=label, logits=logit)) / GLOBAL_BATCH
+        grads, grad_w = tape.gradient(loss, [acts, w])
+        embedding.apply_gradients(grads)
+        replica = tf.distribute.get_replica_context()
+        grad_w, total = replica.all_reduce("sum", [grad_w, loss])
+        w.assign_sub(0.1 * grad_w)
+        return total
+
+    @tf.function
+    def step(batch, f3, label):
+        return strategy.run(replica_step, args=(batch, f3, label))
+
+    losses = [float(step(*element)) for element in ds]
+    out = {"losses": np.asarray(losses), "w": w.numpy()}
+    tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
+    for table in tables:
+        for name, value in sorted_state(table).items():
+            out[f"{table.table_name}/{name}"] = value
+    np.savez(os.path.join(out_dir, f"rank{ranks.rank}.npz"), size=ranks.size, **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), "--keras" in sys.argv[3:])
