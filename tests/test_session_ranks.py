@@ -4,6 +4,7 @@ Each test launches real processes with ``sparseflow launch`` on loopback and com
 with one process on the same global batches (the reference), or with numpy.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -16,16 +17,18 @@ from sparseflow.table import _check_shardable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(args: list, ranks: int | None, timeout: float = 300.0) -> str:
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+def _run(args: list, ranks: int | None, timeout: float = 300.0, check: bool = True,
+         **extra_env) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
     for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
         env.pop(name, None)
     command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
                 "5", "-m"] if ranks else [sys.executable, "-m"]) + args
     out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=timeout)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return out.stdout + out.stderr
+    if check:
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return out
 
 
 def _shards(directory, n: int) -> list:
@@ -142,6 +145,46 @@ def test_each_rank_writes_its_shard_and_names_every_shard(one_and_two_ranks):
                          "shards": [f"sparse-model-0-{SAVE_AT}", f"sparse-model-1-{SAVE_AT}"]}
 
 
+def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_exactly(
+        one_and_two_ranks, tmp_path):
+    """Rank 1 dies before step 9; rank 0's next collective gives up after
+    SPARSEFLOW_COLLECTIVE_TIMEOUT (the launcher's grace is longer), naming the checkpoint of
+    step SAVE_AT, from which a rerun trains on exactly."""
+    import time
+
+    one = one_and_two_ranks[0]
+    begin = time.monotonic()
+    done = _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--save-at",
+                 str(SAVE_AT), "--save-to", str(tmp_path / "model"), "--die-at", "9"], 2,
+                check=False, SPARSEFLOW_COLLECTIVE_TIMEOUT="5")
+    assert done.returncode == 7   # the first rank to fail: the killed one
+    assert time.monotonic() - begin < 60
+    assert "rank 1 exited with status 7" in done.stderr
+    prefix = str(tmp_path / f"model-0-{SAVE_AT}")
+    assert (f"[rank 0] sparseflow.distributed.graph_world.RankLostError: Rank 0 of 2: a "
+            f"collective among the ranks did not complete") in done.stdout
+    assert (f"(collectives wait 5 s, SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every "
+            f"rank completed: {prefix} (restore it on a rerun to resume)") in done.stdout
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    _run(["tests.workers.session_ranks", str(resumed), str(STEPS), "--restore", prefix,
+          "--start", str(SAVE_AT)], 2)
+    for shard in _shards(resumed, 2):
+        np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
+                                   atol=1e-5)
+
+
+def test_collective_timeout_is_read_and_checked():
+    from sparseflow.distributed.graph_world import collective_timeout
+
+    assert collective_timeout({}) == 300.0
+    assert collective_timeout({"SPARSEFLOW_COLLECTIVE_TIMEOUT": "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "1e9"):
+        with pytest.raises(ValueError, match=rf"SPARSEFLOW_COLLECTIVE_TIMEOUT must be a number "
+                                             rf"of seconds in \(0, 86400\]; received '{bad}'"):
+            collective_timeout({"SPARSEFLOW_COLLECTIVE_TIMEOUT": bad})
+
+
 def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
     _run(["tests.workers.hccl_ranks", str(tmp_path)], 2)
     values = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) - r for r in range(2)]
@@ -179,3 +222,31 @@ def test_restoring_from_another_number_of_ranks_names_a_missing_shard(tmp_path):
                                                          "sparse-model-1-6"]})
     with pytest.raises(fmt.CheckpointError, match=r"No sparse checkpoint at .*sparse-model-1-6"):
         read_rank_states(str(shard), None)
+
+
+def test_a_rank_that_cannot_bind_its_address_fails_naming_it(tmp_path):
+    """Rank 0's port is held by another listener: init() fails naming the rank, the
+    address and why, before any training."""
+    import socket
+
+    thief = socket.socket()
+    thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    thief.bind(("", 0))
+    thief.listen()
+    port = thief.getsockname()[1]
+    code = ("import json, os, tensorflow as tf\n"
+            "import sparseflow as sf\n"
+            "tf.compat.v1.disable_eager_execution()\n"
+            "sf.init()\n")
+    tf_config = json.dumps({"cluster": {"worker": [f"localhost:{port}", "localhost:1"]},
+                            "task": {"type": "worker", "index": 0}})
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", TF_CONFIG=tf_config)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        thief.close()
+    assert done.returncode != 0
+    assert (f"AddressInUseError: rank 0 of 2 cannot listen on localhost:{port}, its address in "
+            f"TF_CONFIG (cluster.worker[0]): port {port} is in use by another process"
+            ) in done.stderr

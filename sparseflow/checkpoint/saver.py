@@ -211,6 +211,11 @@ class Saver:
                                    meta_graph_suffix=meta_graph_suffix,
                                    write_meta_graph=write_meta_graph, **kwargs)
         self._prune(os.path.dirname(prefix) or ".", os.path.basename(save_path))
+        if shards is not None:   # for the message of a rank that loses its peers
+            from sparseflow.distributed import graph_world
+            parent = os.path.dirname(os.path.abspath(sparse_path(prefix)))
+            graph_world.record_checkpoint(written, [os.path.join(parent, p)
+                                                    for p in shards["shards"]])
         return written
 
     def _save_sparse(self, final: str, incremental: bool, sess, shards=None) -> None:

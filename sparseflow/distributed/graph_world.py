@@ -30,7 +30,76 @@ from sparseflow.pipeline.graph_cache import graph_cache
 # Above the keys of the YAML trainer's groups (1000-1002).
 GRAPH_GROUP_KEY = 2000
 DEFAULT_TIMEOUT_SECONDS = 300.0
+TIMEOUT_VARIABLE = "SPARSEFLOW_COLLECTIVE_TIMEOUT"
 _LEADER = "/job:worker/replica:0/task:0"
+
+
+def collective_timeout(environ=None) -> float:
+    """Seconds a collective among the ranks may wait for its peers before it fails (a rank
+    died, hung or left): ``SPARSEFLOW_COLLECTIVE_TIMEOUT``, default 300 (generous: a first
+    step traces and allocates).
+
+    Raises:
+      ValueError: the variable is not a number in (0, 86400].
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TIMEOUT_VARIABLE, "")
+    if not raw:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86_400:
+        raise ValueError(f"Environment variable {TIMEOUT_VARIABLE} must be a number of "
+                         f"seconds in (0, 86400]; received {raw!r}.")
+    return value
+
+
+class RankLostError(Exception):
+    """Marker base; see :func:`rank_lost_error`."""
+
+
+def rank_lost_error(err, world: "GraphWorld"):
+    """``err`` (a collective's failure) as the error a user reads: which rank, why a peer
+    is presumed lost, and the last checkpoint every rank completed. A
+    ``tf.errors.DeadlineExceededError`` (not the preemption errors a MonitoredSession
+    would recreate its session on, waiting for a peer that is gone)."""
+    import tensorflow as tf
+
+    last = last_complete_checkpoint()
+    lines = [line.strip() for line in err.message.splitlines() if line.strip()]
+    cause = next((line for line in lines if "ollective" in line), lines[0] if lines else "")
+    message = (f"Rank {world.rank} of {world.size}: a collective among the ranks did not "
+               f"complete, so another rank died, hung or left (collectives wait "
+               f"{world.timeout_seconds:g} s, {TIMEOUT_VARIABLE}). The last checkpoint every "
+               f"rank completed: "
+               + (f"{last} (restore it on a rerun to resume)." if last else "none.")
+               + f" Cause: {type(err).__name__}: {cause}")
+    lost = type("RankLostError", (tf.errors.DeadlineExceededError, RankLostError), {})
+    return lost(err.node_def, err.op, message)
+
+
+_CHECKPOINTS: list = []
+
+
+def record_checkpoint(prefix: str, shards: list) -> None:
+    """A Saver of this rank wrote the checkpoint ``prefix``, whose sparse shards (every
+    rank's directory) are ``shards``."""
+    _CHECKPOINTS.append((prefix, list(shards)))
+
+
+def last_complete_checkpoint() -> str | None:
+    """The newest checkpoint this rank saved whose every shard is complete (its manifest
+    written), or None."""
+    import os
+
+    for prefix, shards in reversed(_CHECKPOINTS):
+        if all(os.path.exists(os.path.join(path, "manifest.json")) for path in shards):
+            return prefix
+    return None
 
 
 @dataclasses.dataclass
@@ -130,8 +199,9 @@ def join(ranks: Ranks, environ=None) -> GraphWorld:
             raise RuntimeError(
                 f"TF_CONFIG makes this process worker {world.index} of {world.size}, but "
                 f"{ranks.source} says rank {ranks.rank} of {ranks.size}: they must agree.")
+        timeout = collective_timeout(environ)
         server = _start_server(world)
-        _WORLD = GraphWorld(world.index, world.size, server)
+        _WORLD = GraphWorld(world.index, world.size, server, timeout)
         _bind_sessions(_WORLD)
         return _WORLD
 
@@ -159,7 +229,9 @@ def _start_server(world: World):
 
 
 def _bind_sessions(world: GraphWorld) -> None:
-    """Sessions created with no target from now on run on ``world``'s server."""
+    """Sessions created with no target from now on run on ``world``'s server; a run whose
+    collective fails says that a rank was lost (:func:`rank_lost_error`)."""
+    import tensorflow as tf
     from tensorflow.python.client import session
 
     original = session.Session.__init__
@@ -173,6 +245,28 @@ def _bind_sessions(world: GraphWorld) -> None:
             target, config = bound.target, bound.session_config(config)
         original(self, target, graph, config)
 
+    original_run = session.Session.run
+
+    @functools.wraps(original_run)
+    def run(self, *args, **kwargs):
+        try:
+            return original_run(self, *args, **kwargs)
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.CancelledError, tf.errors.AbortedError,
+                tf.errors.InternalError) as err:
+            # A peer's collective timing out, the channel to it failing, or this rank's
+            # collective executor aborted after another collective failed.
+            bound = _WORLD
+            if bound is None or not _from_collective(err):
+                raise
+            raise rank_lost_error(err, bound) from err
+
     __init__._sparseflow_bound = True
     __init__._sparseflow_original = original
     session.Session.__init__ = __init__
+    session.Session.run = run
+
+
+def _from_collective(err) -> bool:
+    return not isinstance(err, RankLostError) and (
+        "ollective" in err.message or "sparseflow_collective" in err.message)

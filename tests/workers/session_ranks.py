@@ -3,12 +3,13 @@ by tests/test_session_ranks.py: the same global batches either way.
 
     python -m tests.workers.session_ranks OUT_DIR STEPS [--save-at K --save-to PREFIX]
                                                         [--restore PREFIX --start K]
-                                                        [--modify-graph]
+                                                        [--modify-graph] [--die-at K]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
 any number of ranks) and train global steps K+1..STEPS. ``--modify-graph``: the same model
 through automatic graph modification (lookups of raw ids, thresholds per lookup).
+``--die-at K``: the last rank exits (status 7) before global step K.
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -34,7 +35,7 @@ GLOBAL_BATCH = 32
 
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
-         start: int, modify_graph: bool) -> None:
+         start: int, modify_graph: bool, die_at: int = 0) -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init()
     rank, size = collectives.rank_and_size()
@@ -92,6 +93,8 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         if restore:
             saver.restore(sess, restore)
         for step in range(start + 1, steps + 1):
+            if step == die_at and rank == size - 1:
+                os._exit(7)
             losses.append(sess.run([global_loss, train])[0])
             if step == save_at:
                 saver.save(sess, f"{save_to}-{rank}", global_step=step)
@@ -112,5 +115,7 @@ if __name__ == "__main__":
     parser.add_argument("--restore", default="")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--modify-graph", action="store_true")
+    parser.add_argument("--die-at", type=int, default=0)
     a = parser.parse_args()
-    main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph)
+    main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
+         a.die_at)
