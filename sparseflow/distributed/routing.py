@@ -21,6 +21,7 @@ Per step and worker (``docs/design-notes.md``, "Multi-worker training"):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -86,6 +87,8 @@ class KeyRouter:
         self._pending: dict[int, list] = {}
         # Seconds spent in each stage (for the run's summary: where a step's time goes).
         self.seconds = {"route": 0.0, "process": 0.0, "gather": 0.0, "update": 0.0}
+        # The agreed buffer width m of the latest processed batches (bytes on the wire).
+        self.widths = collections.deque(maxlen=10_000)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -182,6 +185,7 @@ class KeyRouter:
           TableFullError: a table's shard has no free row for an admitted key.
         """
         n, m = received.shape[0], received.shape[1]
+        self.widths.append(m)
         flat = np.ascontiguousarray(received.reshape(n * m, 2))
         counts = np.ascontiguousarray(counts, np.int32)
         starts = np.cumsum(counts, axis=1) - counts + (np.arange(n, dtype=np.int64) * m)[:, None]

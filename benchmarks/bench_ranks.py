@@ -1,0 +1,107 @@
+"""Every face on 1 and 2 ranks: samples/s and bytes one rank sends per step.
+
+Each run is a fresh process (or two, under ``sparseflow launch -n 2``) of
+``benchmarks/ranks_worker.py`` (a Criteo-shaped 26-table model, global batch 4096; see its
+docstring). Rounds run the four variants (Session / TF2 face, 1 / 2 ranks) in turn, the
+first variant rotating; each face's 2-rank throughput is compared with its 1-rank throughput
+of the same round. On a 2-core machine both ranks share the cores: the ratio measures the
+layer's overhead (the exchange, the owner-side work, two processes' Python), not scaling.
+
+    .venv/bin/python benchmarks/bench_ranks.py [--rounds 3] [--steps 40] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "benchmarks", "ranks_worker.py")
+VARIANTS = (("session", 1), ("session", 2), ("tf2", 1), ("tf2", 2))
+BATCH = 4096
+
+
+def run(face: str, ranks: int, steps: int) -> dict:
+    """One run: the slowest rank's timing (every rank trains every step), in samples/s of
+    the global batch, and the bytes one rank sent per step."""
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
+        env.pop(name, None)
+    args = [WORKER, face, str(steps), str(BATCH)]
+    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks)] + args
+               if ranks > 1 else [sys.executable] + args)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{face} on {ranks} rank(s) failed:\n{done.stdout[-3000:]}"
+                           f"\n{done.stderr[-3000:]}")
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
+               if "RESULT " in line]
+    if len(results) != ranks:
+        raise RuntimeError(f"{face} on {ranks} rank(s): {len(results)} results")
+    seconds = max(r["seconds"] for r in results)
+    return {"samples_per_s": results[0]["steps"] * BATCH / seconds,
+            "ms_per_step": 1000 * seconds / results[0]["steps"],
+            "bytes": results[0]["bytes"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
+    args = parser.parse_args()
+    runs = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for face, ranks in order:
+            runs[(face, ranks)].append(run(face, ranks, args.steps))
+            print(face, ranks, runs[(face, ranks)][-1], flush=True)
+    rows = []
+    for face in ("session", "tf2"):
+        ratios = [two["samples_per_s"] / one["samples_per_s"]
+                  for one, two in zip(runs[(face, 1)], runs[(face, 2)])]
+        for ranks in (1, 2):
+            got = runs[(face, ranks)]
+            rows.append(
+                f"| {face} | {ranks} | "
+                f"{statistics.median(g['samples_per_s'] for g in got):,.0f} | "
+                f"{statistics.median(g['ms_per_step'] for g in got):.1f} | "
+                f"{', '.join(format(g['samples_per_s'], ',.0f') for g in got)} | "
+                f"{'1.00x' if ranks == 1 else f'{statistics.median(ratios):.2f}x'} | "
+                f"{statistics.median(g['bytes'] for g in got) / 1e6:.2f} |")
+    command = (f".venv/bin/python benchmarks/bench_ranks.py --rounds {args.rounds} "
+               f"--steps {args.steps} --write")
+    section = "\n".join([
+        "## Sharded faces: 1 and 2 ranks, samples/s and bytes per rank per step", "",
+        f"Machine: {report.machine_line()}. Command: `{command}`. Workload: "
+        f"`benchmarks/ranks_worker.py` (26 Criteo-shaped single-hot tables capped at 200,000 "
+        f"rows, dim 16, 416-256-1 tower, lazy Adam, global batch {BATCH}); {args.steps - 3} "
+        f"timed steps after 3 warm-up steps, median of {args.rounds} rounds run in turn; "
+        f"2 ranks are 2 local processes on loopback (`sparseflow launch -n 2`), each with half "
+        f"of every global batch, timed by the slower rank.", "",
+        "| face | ranks | samples/s (global batch) | ms/step | per round | vs 1 rank | "
+        "MB sent per rank per step |",
+        "|---|---:|---:|---:|---|---:|---:|",
+        *rows, "",
+        "Both ranks share this machine's 2 cores, so the ratio is the sharded layer's overhead "
+        "(the all-to-alls, the owner-side key processing, a second process), not scaling. "
+        "Bytes: counts, the width agreement, keys with their weights, rows (with a has-row "
+        "flag in the Session face) and gradients to the other rank, padded to the agreed "
+        "width, plus a ring all-reduce's share of the dense gradients. The 8/32/100-rank "
+        "projection of the same exchange is in the multi-worker section below (the layer "
+        "sends the same per-key payload).", ""])
+    print(section)
+    if args.write:
+        report.replace_section(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""One run of benchmarks/bench_ranks.py: a Criteo-shaped model trained through one face, as
+1 process or as one of N ranks (``sparseflow launch``); prints one JSON line of results.
+
+    python benchmarks/ranks_worker.py session|tf2 STEPS GLOBAL_BATCH
+
+Workload: 26 single-hot Criteo-shaped features (Kaggle Criteo's cardinalities capped at
+200,000 rows per table, so that every run fits in memory), one table each, dim 16, lazy Adam
+on the tables; a 416-256-1 tower (Adam in the Session face, SGD in the TF2 face) whose
+gradients are all-reduced with "sum"; loss = the local rows' sum over the global batch.
+Rank r of N trains rows [r B/N, (r+1) B/N) of every global batch of B rows. Steps after the
+first 3 (which trace and warm up) are timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from sparseflow.synthetic import CRITEO_CARDINALITIES, criteo_keys  # noqa: E402
+
+DIM, WARMUP, CAP = 16, 3, 200_000
+CARDINALITIES = [min(c, CAP) for c in CRITEO_CARDINALITIES]
+HIDDEN = 256
+
+
+def batches(steps: int, global_batch: int, rank: int, size: int):
+    """This rank's part of each global batch: (keys [b, 26], labels [b])."""
+    rng = np.random.default_rng(0)
+    local = global_batch // size
+    for _ in range(steps):
+        keys = criteo_keys(rng, global_batch, CARDINALITIES)
+        labels = (rng.random(global_batch) < 0.25).astype(np.float32)
+        yield keys[rank * local:(rank + 1) * local], labels[rank * local:(rank + 1) * local]
+
+
+def tower_weights():
+    rng = np.random.default_rng(1)
+    return (rng.normal(0, 0.05, (26 * DIM, HIDDEN)).astype(np.float32),
+            rng.normal(0, 0.05, (HIDDEN, 1)).astype(np.float32))
+
+
+def exchange_bytes(widths: list, size: int, n_tables: int, reply_dim: int,
+                   dense_params: int) -> float:
+    """Mean bytes one rank sends per training step: counts, the width agreement, keys with
+    weights, rows and gradients to the N-1 others (padded to the agreed width m), and a
+    ring all-reduce's 2(N-1)/N of the dense gradients and the loss."""
+    if size == 1 or not widths:
+        return 0.0
+    others = size - 1
+    m = float(np.mean(widths))
+    all_to_all = others * (n_tables * 4 + m * 16 + m * reply_dim * 4 + m * DIM * 4)
+    return all_to_all + 16 * others + 2.0 * others / size * (dense_params + 1) * 4
+
+
+def session(steps: int, global_batch: int) -> dict:
+    import sparseflow as sf
+    from sparseflow.distributed import collectives
+    from sparseflow.optimizers import lazy_adam
+
+    tf.compat.v1.disable_eager_execution()
+    sf.init()
+    rank, size = collectives.rank_and_size()
+    local = global_batch // size
+    specs = [sf.FeatureSpec(f"c{j}", table_name=f"t{j}") for j in range(26)]
+    tables = [sf.create_table(tf.int64, DIM, f"t{j}",
+                              tf.compat.v1.truncated_normal_initializer(stddev=0.05),
+                              device_vocabulary_size=c)
+              for j, c in enumerate(CARDINALITIES)]
+
+    def gen():
+        for keys, labels in batches(steps, global_batch, rank, size):
+            yield {**{f"c{j}": keys[:, j] for j in range(26)}, "label": labels}
+
+    signature = {**{f"c{j}": tf.TensorSpec([local], tf.int64) for j in range(26)},
+                 "label": tf.TensorSpec([local], tf.float32)}
+    ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+    ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs)).prefetch(2)
+    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    x = tf.concat([sf.sparse_lookup(t, s, batch=batch) for t, s in zip(tables, specs)], 1)
+    w1, w2 = tower_weights()
+    w1, w2 = tf.compat.v1.get_variable("w1", initializer=w1), tf.compat.v1.get_variable(
+        "w2", initializer=w2)
+    logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
+    loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=batch["label"], logits=logit)) / global_batch
+    dense, sparse = sf.get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, dense + sparse)
+    dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
+    train = tf.group(
+        tf.compat.v1.train.AdamOptimizer(0.001).apply_gradients(zip(dense_grads, dense)),
+        lazy_adam.create_hash_optimizer(0.01).apply_gradients(zip(grads[len(dense):], sparse)))
+    sf.start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(WARMUP):
+            sess.run(train)
+        begin = time.perf_counter()
+        for _ in range(steps - WARMUP):
+            sess.run(train)
+        seconds = time.perf_counter() - begin
+    rt = sf.runtime.current()
+    widths = [w for r in rt.routers.values() for w in list(r.widths)[WARMUP:]]
+    n_dense = sum(int(np.prod(v.shape)) for v in dense)
+    return {"rank": rank, "size": size, "seconds": seconds,
+            "bytes": exchange_bytes(widths, size, 26, DIM + 1, n_dense)}
+
+
+def tf2_face(steps: int, global_batch: int) -> dict:
+    from sparseflow import tf2
+    from sparseflow.distributed.ranks import detect
+
+    ranks = detect()
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
+                else tf.distribute.get_strategy())
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.05)
+    features = {f"c{j}": tf2.FeatureConfig(tf2.TableConfig(c, DIM, initializer=init,
+                                                           name=f"t{j}"), name=f"c{j}")
+                for j, c in enumerate(CARDINALITIES)}
+    with strategy.scope():
+        embedding = tf2.Embedding(features, tf2.Adam(0.01))
+    w1, w2 = (tf.Variable(w) for w in tower_weights())
+    local = global_batch // ranks.size
+
+    def gen():
+        yield from batches(steps, global_batch, ranks.rank, ranks.size)
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32)))
+    ds = ds.map(lambda k, y: (embedding.preprocess({f"c{j}": k[:, j] for j in range(26)}), y))
+    ds = ds.prefetch(2)
+
+    def replica_step(batch, labels):
+        embedding.enqueue(batch)
+        with tf.GradientTape() as tape:
+            acts = embedding.dequeue()
+            tape.watch(acts)
+            x = tf.concat([acts[f"c{j}"] for j in range(26)], 1)
+            logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=logit)) / global_batch
+        grads, g1, g2 = tape.gradient(loss, [acts, w1, w2])
+        embedding.apply_gradients(grads)
+        g1, g2 = tf.distribute.get_replica_context().all_reduce("sum", [g1, g2])
+        w1.assign_sub(0.01 * g1)
+        w2.assign_sub(0.01 * g2)
+        return loss
+
+    # The routed buffers' widths change every step: one trace for all of them.
+    @tf.function(reduce_retracing=True)
+    def step(batch, labels):
+        return strategy.run(replica_step, args=(batch, labels))
+
+    it = iter(ds)
+    for _ in range(WARMUP):
+        step(*next(it))
+    begin = time.perf_counter()
+    for _ in range(steps - WARMUP):
+        step(*next(it))
+    seconds = time.perf_counter() - begin
+    sharding = embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
+    widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
+    n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
+    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
+            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense)}
+
+
+if __name__ == "__main__":
+    face, steps, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    result = (session if face == "session" else tf2_face)(steps, global_batch)
+    result.update(face=face, steps=steps - WARMUP, global_batch=global_batch)
+    print("RESULT " + json.dumps(result), flush=True)
