@@ -580,3 +580,32 @@ def test_local_tf_config_round_trips(n):
         raw = local_tf_config(ports, i)
         assert world_from_env({"TF_CONFIG": raw}) == World(i, n)
         assert json.loads(raw)["cluster"]["worker"] == [f"localhost:{p}" for p in ports]
+
+
+@pytest.mark.parametrize("op,factor", [("sum_gradients", 2.0),
+                                       ("sum_gradients_and_div_by_ranksize", 1.0)])
+def test_an_owner_sums_a_keys_gradients_from_the_ranks_or_averages_them(op, factor):
+    """Key 4 arrives from both workers with gradient 1 each: summed (2) by default, divided
+    by the number of workers under Rec SDK's all2all_gradients_op
+    "sum_gradients_and_div_by_ranksize" (1)."""
+    import dataclasses
+
+    table = make_table("t", 2, -1)
+    table.config = dataclasses.replace(table.config, all2all_gradients_op=op)
+    router = KeyRouter([table], [0], [1], world_size=2)
+    received = np.array([[[4, 1]], [[4, 1]]], np.int64)
+    token = router.process(received, np.array([[1], [1]], np.int32), None, True)
+    router.gather(token)
+    ((rows, summed),) = router.sum_gradients(token, np.ones((2, 1, 2), np.float32))
+    assert rows.shape == (1,) and rows[0] >= 0
+    np.testing.assert_array_equal(summed, np.full((1, 2), factor, np.float32))
+
+
+def test_create_table_keeps_all2all_gradients_op_and_checks_it():
+    cfg = make_table_config(tf.int64, 4, "t", tf.zeros_initializer(),
+                            all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    assert cfg.all2all_gradients_op == "sum_gradients_and_div_by_ranksize"
+    assert make_table_config(tf.int64, 4, "t", tf.zeros_initializer()
+                             ).all2all_gradients_op == "sum_gradients"
+    with pytest.raises(ValueError, match="all2all_gradients_op"):
+        make_table_config(tf.int64, 4, "t", tf.zeros_initializer(), all2all_gradients_op="mean")

@@ -260,7 +260,9 @@ class KeyRouter:
 
     def sum_gradients(self, token: int, grads: np.ndarray) -> list:
         """Per table, the rows of :meth:`process` ``token``'s keys and each key's gradients
-        summed over its entries (so over workers): ``[(int32 rows [U], float32 [U, dim])]``,
+        summed over its entries (so over workers; divided by the number of workers for a
+        table created with ``all2all_gradients_op="sum_gradients_and_div_by_ranksize"``):
+        ``[(int32 rows [U], float32 [U, dim])]``,
         -1 for keys without a row. The token's batch is released: its evicted rows are freed
         by the optimizer's update (``after_update``), or now for a table without one. Tokens
         older than ``token`` whose gradients never came (a training step that only looked
@@ -281,6 +283,9 @@ class KeyRouter:
         for table, (entries, result) in zip(self.tables, pending):
             summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
+            if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
+                    == "sum_gradients_and_div_by_ranksize"):
+                summed /= self.world_size
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
             out.append((result.rows, summed))
         return out

@@ -25,8 +25,7 @@ _ALL2ALL_GRADIENTS_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
 # create_table arguments that Rec SDK uses for multi-device training or NPU kernels only: their
 # documented ranges are checked, then they are ignored.
 _IGNORED_BOOLS = ("is_dp", "enable_merge", "padding_keys_mask", "fusion_optimizer_var")
-_IGNORED_OTHERS = ("all2all_gradients_op", "shard_num", "hashtable_threshold", "padding_keys",
-                   "padding_keys_len")
+_IGNORED_OTHERS = ("shard_num", "hashtable_threshold", "padding_keys", "padding_keys_len")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
@@ -52,6 +51,9 @@ class TableConfig:
       init_param: number in [-10, 10] scaling the initializer's values; stored as a float.
       value_dtype: None or float32 (tf.float32, np.float32 or "float32"); stored as
         ``numpy.dtype('float32')``.
+      all2all_gradients_op: over several ranks, "sum_gradients" (a key's gradients from the
+        ranks are summed at its owner) or "sum_gradients_and_div_by_ranksize" (and divided
+        by the number of ranks).
 
     Raises:
       TypeError: an argument has the wrong type, or ``emb_initializer`` is None.
@@ -73,6 +75,9 @@ class TableConfig:
     admission_counter: str = "exact"
     sketch_width: int = 1 << 20
     sketch_depth: int = 4
+    # Over several ranks, how an owner combines a key's gradients from the ranks: summed, or
+    # summed and divided by the number of ranks (Rec SDK's create_table argument).
+    all2all_gradients_op: str = "sum_gradients"
 
     def __post_init__(self) -> None:
         # Normalized values replace the given ones; the caller's objects are not touched.
@@ -140,8 +145,7 @@ def make_table_config(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         :class:`TableConfig`.
       **ignored: Rec SDK's multi-device and NPU options, checked against their documented
         ranges and otherwise ignored: ``is_dp``, ``enable_merge``, ``padding_keys_mask``,
-        ``fusion_optimizer_var`` (bools), ``all2all_gradients_op`` (one of "sum_gradients",
-        "sum_gradients_and_div_by_ranksize"), ``shard_num`` (int in [1, 8192]),
+        ``fusion_optimizer_var`` (bools), ``shard_num`` (int in [1, 8192]),
         ``hashtable_threshold`` (int in [0, 2^31-1]), ``padding_keys``, ``padding_keys_len``.
 
     Returns:
@@ -153,6 +157,9 @@ def make_table_config(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     """
     counter = {k: ignored.pop(k) for k in ("admission_counter", "sketch_width", "sketch_depth")
                if k in ignored}
+    if "all2all_gradients_op" in ignored:
+        counter["all2all_gradients_op"] = check_one_of(
+            "all2all_gradients_op", ignored.pop("all2all_gradients_op"), _ALL2ALL_GRADIENTS_OPS)
     _check_ignored(ignored)
     return TableConfig(name=name, key_dtype=key_dtype, dim=dim, emb_initializer=emb_initializer,
                        device_vocabulary_size=device_vocabulary_size,
@@ -230,8 +237,6 @@ def _check_ignored(ignored: dict[str, Any]) -> None:
     for argument, value in ignored.items():
         if argument in _IGNORED_BOOLS:
             check_bool(argument, value)
-        elif argument == "all2all_gradients_op":
-            check_one_of(argument, value, _ALL2ALL_GRADIENTS_OPS)
         elif argument == "shard_num":
             check_int(argument, value, 1, _MAX_SHARD_NUM)
         elif argument == "hashtable_threshold":
