@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparseflow.checkpoint.saver import read_sparse_states
+from sparseflow.checkpoint.saver import read_shard_states, read_sparse_states
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = "tests.workers.estimator_ranks"
@@ -32,9 +32,12 @@ def _model(model_dir, step: int, ranks: int) -> dict:
     """The checkpoint at ``step``: its dense head and every shard's table merged by key."""
     prefixes = [os.path.join(model_dir, f"model.ckpt-{step}")] + [
         os.path.join(model_dir, f"model.ckpt-rank{r}-{step}") for r in range(1, ranks)]
-    shards = [read_sparse_states(p)["t"] for p in prefixes]
+    shards = [read_shard_states(p)["t"] for p in prefixes]
     for rank, shard in enumerate(shards):
         assert (shard.keys % ranks == rank).all()
+    # What one process reads (to restore, evaluate or export): every shard, merged.
+    whole = read_sparse_states(prefixes[0])["t"]
+    assert sorted(whole.keys.tolist()) == sorted(np.concatenate([s.keys for s in shards]).tolist())
     keys = np.concatenate([s.keys for s in shards])
     order = np.argsort(keys)
     return {"w": tf.train.load_variable(prefixes[0], "w"), "keys": keys[order],

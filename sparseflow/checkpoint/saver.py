@@ -75,11 +75,12 @@ def _dense_variables():
 
 
 def read_sparse_states(prefix: str, known=None, skip_unknown: bool = False) -> dict:
-    """The tables of a checkpoint's sparse part, as they were saved (incremental links
-    merged onto their full base).
+    """The tables of a checkpoint's sparse part, whole: as they were saved (incremental
+    links merged onto their full base), and, for a checkpoint saved by several ranks, every
+    rank's shard merged (what one process restores, exports or evaluates).
 
     Args:
-      prefix: the checkpoint prefix (``Saver.save``'s return value).
+      prefix: the checkpoint prefix (``Saver.save``'s return value; any rank's).
       known: None, or the table names that may appear (a dict or set); another raises,
         or is left out with ``skip_unknown``.
       skip_unknown: leave out the tables not in ``known`` instead of raising.
@@ -88,9 +89,16 @@ def read_sparse_states(prefix: str, known=None, skip_unknown: bool = False) -> d
       dict table name -> ``TableState``.
 
     Raises:
-      CheckpointError: the sparse part is missing, corrupt or truncated (naming the file).
+      CheckpointError: the sparse part (or a rank's shard) is missing, corrupt or truncated
+        (naming the file).
       ValueError: the checkpoint holds a table not in ``known``.
     """
+    return read_rank_states(sparse_path(prefix), None, known, skip_unknown)
+
+
+def read_shard_states(prefix: str, known=None, skip_unknown: bool = False) -> dict:
+    """:func:`read_sparse_states` of this prefix's own part only: one rank's shard of a
+    checkpoint saved by several ranks."""
     return _read_states(sparse_path(prefix), known, skip_unknown)
 
 
