@@ -4,28 +4,19 @@ resumes on another number of ranks (tests/workers/estimator_ranks.py)."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from sparseflow.checkpoint.saver import read_shard_states, read_sparse_states
+from tests.rank_runs import run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = "tests.workers.estimator_ranks"
 
 
 def _train(model_dir, max_steps: int, ranks: int | None) -> None:
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
-        env.pop(name, None)
-    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
-                "5", "-m"] if ranks else [sys.executable, "-m"])
-    done = subprocess.run(command + [WORKER, str(model_dir), str(max_steps)], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    run_ranks([WORKER, model_dir, max_steps], ranks)
 
 
 def _model(model_dir, step: int, ranks: int) -> dict:

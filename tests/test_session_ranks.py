@@ -13,22 +13,7 @@ import numpy as np
 import pytest
 
 from sparseflow.table import _check_shardable
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(args: list, ranks: int | None, timeout: float = 300.0, check: bool = True,
-         **extra_env) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
-    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
-        env.pop(name, None)
-    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
-                "5", "-m"] if ranks else [sys.executable, "-m"]) + args
-    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout)
-    if check:
-        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return out
+from tests.rank_runs import ROOT, run_ranks
 
 
 def _shards(directory, n: int) -> list:
@@ -42,9 +27,9 @@ STEPS, SAVE_AT = 12, 6
 def one_and_two_ranks(tmp_path_factory):
     """One process and two ranks train STEPS global batches, each saving after SAVE_AT."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _run(["tests.workers.session_ranks", str(one), str(STEPS), "--save-at", str(SAVE_AT),
+    run_ranks(["tests.workers.session_ranks", str(one), str(STEPS), "--save-at", str(SAVE_AT),
           "--save-to", str(one / "model")], None)
-    _run(["tests.workers.session_ranks", str(two), str(STEPS), "--save-at", str(SAVE_AT),
+    run_ranks(["tests.workers.session_ranks", str(two), str(STEPS), "--save-at", str(SAVE_AT),
           "--save-to", str(two / "model")], 2)
     first, second = _shards(one, 1)[0], _shards(two, 2)
     return first, second, one, two
@@ -105,7 +90,7 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ran
         source, ranks = one_dir / f"model-0-{SAVE_AT}", 2
     else:
         source, ranks = two_dir / f"model-0-{SAVE_AT}", None
-    _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--restore", str(source),
+    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--restore", str(source),
           "--start", str(SAVE_AT)], ranks)
     resumed = _shards(tmp_path, ranks or 1)
     for shard in resumed:
@@ -124,7 +109,7 @@ def test_graph_modification_on_two_ranks_trains_what_feature_specs_train_on_one(
     """The same model through automatic graph modification (raw-id lookups, thresholds per
     lookup, the timestamp from ASCEND_TIMESTAMP) on two ranks."""
     one = one_and_two_ranks[0]
-    _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--modify-graph"], 2)
+    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--modify-graph"], 2)
     two = _shards(tmp_path, 2)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
@@ -154,7 +139,7 @@ def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_
 
     one = one_and_two_ranks[0]
     begin = time.monotonic()
-    done = _run(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--save-at",
+    done = run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--save-at",
                  str(SAVE_AT), "--save-to", str(tmp_path / "model"), "--die-at", "9"], 2,
                 check=False, SPARSEFLOW_COLLECTIVE_TIMEOUT="5")
     assert done.returncode == 7   # the first rank to fail: the killed one
@@ -167,7 +152,7 @@ def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_
             f"rank completed: {prefix} (restore it on a rerun to resume)") in done.stdout
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    _run(["tests.workers.session_ranks", str(resumed), str(STEPS), "--restore", prefix,
+    run_ranks(["tests.workers.session_ranks", str(resumed), str(STEPS), "--restore", prefix,
           "--start", str(SAVE_AT)], 2)
     for shard in _shards(resumed, 2):
         np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
@@ -186,7 +171,7 @@ def test_collective_timeout_is_read_and_checked():
 
 
 def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
-    _run(["tests.workers.hccl_ranks", str(tmp_path)], 2)
+    run_ranks(["tests.workers.hccl_ranks", str(tmp_path)], 2)
     values = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) - r for r in range(2)]
     expected = {"sum": values[0] + values[1], "max": np.maximum(*values),
                 "min": np.minimum(*values), "prod": values[0] * values[1],

@@ -3,27 +3,18 @@ tf.distribute.MultiWorkerMirroredStrategy: one model over tables sharded by key,
 process on the same global batches (tests/workers/tf2_ranks.py)."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.rank_runs import run_ranks
+
 STEPS = 12
 
 
 def _run(out_dir, ranks: int | None, *flags) -> list:
     os.makedirs(out_dir, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
-        env.pop(name, None)
-    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks), "--grace",
-                "5", "-m"] if ranks else [sys.executable, "-m"])
-    done = subprocess.run(command + ["tests.workers.tf2_ranks", str(out_dir), str(STEPS),
-                                     *flags], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    run_ranks(["tests.workers.tf2_ranks", out_dir, STEPS, *flags], ranks)
     return [np.load(os.path.join(out_dir, f"rank{r}.npz")) for r in range(ranks or 1)]
 
 

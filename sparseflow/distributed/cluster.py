@@ -96,12 +96,18 @@ def start_server(world: World):
     except tf.errors.UnknownError as err:
         if "Could not start gRPC server" not in str(err):
             raise
-        raise AddressInUseError(
-            f"worker {world.index} of {world.size} cannot listen on {world.address}, its "
-            f"address in TF_CONFIG (cluster.worker[{world.index}]): "
-            f"{_why_unbindable(world.address)}. Stop the process that holds the port, or "
-            f"give this worker another port (in the cluster.worker list of every worker's "
-            f"TF_CONFIG).") from None
+        raise address_in_use(world, "worker") from None
+
+
+def address_in_use(world: World, kind: str) -> AddressInUseError:
+    """The error of ``kind`` ("worker", "rank") ``world.index`` whose gRPC server could not
+    listen on its address: names it, and why where a probe finds out."""
+    return AddressInUseError(
+        f"{kind} {world.index} of {world.size} cannot listen on {world.address}, its "
+        f"address in TF_CONFIG (cluster.worker[{world.index}]): "
+        f"{_why_unbindable(world.address)}. Stop the process that holds the port, or "
+        f"give this {kind} another port (in the cluster.worker list of every {kind}'s "
+        f"TF_CONFIG).")
 
 
 def local_tf_config(ports: list[int], index: int) -> str:

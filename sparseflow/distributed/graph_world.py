@@ -22,7 +22,7 @@ import functools
 import itertools
 import threading
 
-from sparseflow.distributed.cluster import AddressInUseError, World, _why_unbindable, world_from_env
+from sparseflow.distributed.cluster import World, address_in_use, world_from_env
 from sparseflow.distributed.exchange import RunKeyedExchange
 from sparseflow.distributed.ranks import Ranks
 from sparseflow.pipeline.graph_cache import graph_cache
@@ -222,10 +222,7 @@ def _start_server(world: World):
     except tf.errors.UnknownError as err:
         if "Could not start gRPC server" not in str(err):
             raise
-        raise AddressInUseError(
-            f"rank {world.index} of {world.size} cannot listen on {world.address}, its "
-            f"address in TF_CONFIG (cluster.worker[{world.index}]): "
-            f"{_why_unbindable(world.address)}.") from None
+        raise address_in_use(world, "rank") from None
 
 
 def _bind_sessions(world: GraphWorld) -> None:

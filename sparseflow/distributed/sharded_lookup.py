@@ -120,15 +120,25 @@ def sharded_lookup(rt, batch: dict, table, spec, name, with_grad: bool,
             f"{table.table_name!r}: map the dataset with get_asc_insert_func(tgt_key_specs="
             f"[...]) including this FeatureSpec before batch = iterator.get_next().")
     flat, has_row = _batch_embeddings(rt, batch, plan)[spec.unique_name]
-    id_tensor = batch[spec.index_key]
+    return _shaped(table, flat, has_row, batch[spec.index_key], name, with_grad,
+                   serving_default_value)
+
+
+def _shaped(table, rows, has_row, ids, name, with_grad: bool, serving_default_value,
+            restore=None) -> tf.Tensor:
+    """``rows`` (each key's, or with ``restore`` each unique key's) as the lookup's output,
+    ``ids.shape + [dim]``: the serving default where a key owns no row, gradients
+    stopped unless ``with_grad``."""
     with tf.name_scope(name or f"{table.table_name}_lookup"):
         if serving_default_value is not None:
             default = tf.broadcast_to(serving_default_value, [table.dim])
-            flat = tf.where(tf.expand_dims(has_row, 1), flat, tf.expand_dims(default, 0))
+            rows = tf.where(tf.expand_dims(has_row, 1), rows, tf.expand_dims(default, 0))
         if not with_grad:
-            flat = tf.stop_gradient(flat)
-        out = tf.reshape(flat, tf.concat([tf.shape(id_tensor), [table.dim]], 0))
-        out.set_shape(id_tensor.shape.concatenate([table.dim]))
+            rows = tf.stop_gradient(rows)
+        if restore is not None:
+            rows = tf.gather(rows, restore)
+        out = tf.reshape(rows, tf.concat([tf.shape(ids), [table.dim]], 0))
+        out.set_shape(ids.shape.concatenate([table.dim]))
         return out
 
 
@@ -295,15 +305,7 @@ def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_de
 
     rows, has_row, restore = register_sharded_lookup(table, ids, is_train, thresholds,
                                                      send_count)
-    with tf.name_scope(name or f"{table.table_name}_lookup"):
-        if serving_default_value is not None:
-            default = tf.broadcast_to(serving_default_value, [table.dim])
-            rows = tf.where(tf.expand_dims(has_row, 1), rows, tf.expand_dims(default, 0))
-        if not with_grad:
-            rows = tf.stop_gradient(rows)
-        out = tf.reshape(tf.gather(rows, restore), tf.concat([tf.shape(ids), [table.dim]], 0))
-        out.set_shape(ids.shape.concatenate([table.dim]))
-        return out
+    return _shaped(table, rows, has_row, ids, name, with_grad, serving_default_value, restore)
 
 
 def connect_rewritten(rt, batch: dict, plan, lazy_tables: dict, restores: dict) -> None:
