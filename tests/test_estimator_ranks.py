@@ -15,8 +15,8 @@ from tests.rank_runs import run_ranks
 WORKER = "tests.workers.estimator_ranks"
 
 
-def _train(model_dir, max_steps: int, ranks: int | None) -> None:
-    run_ranks([WORKER, model_dir, max_steps], ranks)
+def _train(model_dir, max_steps: int, ranks: int | None, *flags) -> None:
+    run_ranks([WORKER, model_dir, max_steps, *flags], ranks)
 
 
 def _model(model_dir, step: int, ranks: int) -> dict:
@@ -51,8 +51,8 @@ def _assert_same(ours: dict, reference: dict) -> None:
 def runs(tmp_path_factory):
     """One process and two ranks, each training 12 steps from scratch (checkpoints every 6)."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _train(one, 12, None)
-    _train(two, 12, 2)
+    _train(one, 12, None, "--evaluate")
+    _train(two, 12, 2, "--evaluate")
     return one, two
 
 
@@ -64,6 +64,22 @@ def test_two_ranks_train_the_model_one_process_trains(runs):
     # Each rank saved its own shard and state file; rank 1's events went to a directory
     # of its own.
     assert os.path.exists(two / "checkpoint-rank1") and os.path.isdir(two / "rank1")
+
+
+def test_every_rank_evaluates_all_the_data_as_one_process_does(runs):
+    import json
+
+    one, two = runs
+    with open(one / "eval-rank0.json") as f:
+        reference = json.load(f)
+    assert set(reference) == {"loss", "auc", "accuracy", "global_step"}
+    assert 0.5 < reference["auc"] < 1.0
+    for rank in range(2):
+        with open(two / f"eval-rank{rank}.json") as f:
+            ours = json.load(f)
+        assert ours.keys() == reference.keys()
+        for name, value in reference.items():
+            assert ours[name] == pytest.approx(value, abs=1e-5), name
 
 
 @pytest.mark.parametrize("first,then", [(None, 2), (2, None)])

@@ -48,18 +48,20 @@ class Exchange:
         last = self._instance.assign_add(n)
         return [last - n + 1 + i for i in range(n)]
 
-    def _all_to_all(self, x: tf.Tensor, key) -> tf.Tensor:
-        return tf.raw_ops.CollectiveAllToAllV2(
-            input=x, group_size=self.world_size, group_key=self.group_key, instance_key=key,
-            ordering_token=[], communication_hint="auto",
-            timeout_seconds=self.timeout_seconds)
+    def _id(self):
+        """The next collective's ``(group_key, instance_key)``."""
+        return self.group_key, self._keys(1)[0]
 
     def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
         worker r. Same shape on every worker. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        return self._all_to_all(x, self._keys(1)[0])
+        group, key = self._id()
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=x, group_size=self.world_size, group_key=group, instance_key=key,
+            ordering_token=[], communication_hint="auto",
+            timeout_seconds=self.timeout_seconds)
 
     def reduce(self, x: tf.Tensor, op: str) -> tf.Tensor:
         """Element-wise ``op`` (``"Add"``, ``"Max"``, ``"Min"`` or ``"Mul"``) of ``x`` over
@@ -69,9 +71,10 @@ class Exchange:
             raise ValueError(f"Argument `op` must be Add, Max, Min or Mul; received: {op!r}")
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
+        group, key = self._id()
         return tf.raw_ops.CollectiveReduceV2(
-            input=x, group_size=self.world_size, group_key=self.group_key,
-            instance_key=self._keys(1)[0], ordering_token=[], merge_op=op, final_op="Id",
+            input=x, group_size=self.world_size, group_key=group, instance_key=key,
+            ordering_token=[], merge_op=op, final_op="Id",
             timeout_seconds=self.timeout_seconds)
 
     def gather(self, x: tf.Tensor) -> tf.Tensor:
@@ -79,10 +82,10 @@ class Exchange:
         order. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
+        group, key = self._id()
         return tf.raw_ops.CollectiveGatherV2(
-            input=x, group_size=self.world_size, group_key=self.group_key,
-            instance_key=self._keys(1)[0], ordering_token=[],
-            timeout_seconds=self.timeout_seconds)
+            input=x, group_size=self.world_size, group_key=group, instance_key=key,
+            ordering_token=[], timeout_seconds=self.timeout_seconds)
 
     def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0,
                            also_max: tf.Tensor | None = None):
@@ -112,73 +115,66 @@ class Exchange:
         return self.all_to_all(x), received_counts, most[1]
 
 
-# A run-keyed instance key is (op's place) * _RUNS + (run mod _RUNS): int32 keys for 2047
-# places, each run told from the 2^20 runs before it.
-_RUNS = 1 << 20
-_PLACES = (1 << 31) // _RUNS - 1
-
-
 class RunKeyedExchange(Exchange):
     """:class:`Exchange` for graphs whose collective ops may execute in any order (a
-    ``tf.compat.v1`` graph run by a Session), needing no variable. Each collective op takes
-    the next place from ``places`` when it is built and counts its own runs; its key joins
-    the two, so every rank gives the same run of the same op the same key whatever order
-    the ops of one step execute in, and a run never meets another run's peer (a rank that
-    finished an all-to-all may start the next step's while a slower peer still reads the
-    previous one). Places must be built in the same order on every rank.
+    ``tf.compat.v1`` graph run by a Session), needing no variable. Each collective op is a
+    group of its own, numbered when it is built (the same order on every rank: every rank
+    builds the same graphs), and its instance key counts the op's runs, so every rank gives
+    the same run of the same op the same ids whatever order the ops of one step execute in,
+    and no run, of this graph or of a graph built before it, shares another's ids (TensorFlow
+    keeps a resolved instance's shapes for its ids).
 
     Args:
-      world_size, timeout_seconds, group_key: as :class:`Exchange`.
-      places: returns the next op place (1, 2, ...), the same sequence on every rank.
+      world_size, timeout_seconds: as :class:`Exchange`.
+      groups: returns the next op's group key, the same sequence on every rank.
     """
 
-    def __init__(self, world_size: int, timeout_seconds: float, group_key: int, places):
+    def __init__(self, world_size: int, timeout_seconds: float, groups):
         self.world_size = world_size
         self.timeout_seconds = timeout_seconds
-        self.group_key = group_key
-        self._places = places
+        self._groups = groups
 
-    def _keys(self, n: int):
-        return [_run_key(self._places(), itertools.count()) for _ in range(n)]
+    def _id(self):
+        runs = itertools.count(1)
+
+        @tf.autograph.experimental.do_not_convert
+        def next_run():
+            return np.int32(next(runs) % INT32_MAX)
+
+        key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
+                                name="sparseflow_collective_key")
+        key.set_shape([])
+        return self._groups(), key
+
+
+# The instance keys of CountedExchange: one counter for every exchange of the process.
+_COUNTED_RUNS = itertools.count(1)
 
 
 class CountedExchange(Exchange):
     """:class:`Exchange` for eager code and ``tf.function``s, needing no variable (a
     variable made under a distribution strategy's scope is the strategy's): every
-    collective this exchange runs takes the next count of one counter, at run time. A
-    ``tf.function`` runs its stateful ops in program order, so every rank counts its
-    collectives alike however often each rank retraced a function (a trace depends on the
-    shapes a rank saw, which differ between ranks).
+    collective run by any CountedExchange of the process takes the next count of one
+    counter, at run time, as its instance key. A ``tf.function`` runs its stateful ops in
+    program order, so every rank counts its collectives alike however often each rank
+    retraced a function (a trace depends on the shapes a rank saw, which differ between
+    ranks), and no two runs share a key.
 
     Args:
       world_size, timeout_seconds, group_key: as :class:`Exchange`.
-      place: this exchange's own place (in [1, 2047]), the same on every rank: two
-        exchanges of one group must not share one.
     """
 
-    def __init__(self, world_size: int, timeout_seconds: float, group_key: int, place: int):
+    def __init__(self, world_size: int, timeout_seconds: float, group_key: int):
         self.world_size = world_size
         self.timeout_seconds = timeout_seconds
         self.group_key = group_key
-        self._place = place
-        self._runs = itertools.count()
 
-    def _keys(self, n: int):
-        return [_run_key(self._place, self._runs) for _ in range(n)]
+    def _id(self):
+        @tf.autograph.experimental.do_not_convert
+        def next_run():
+            return np.int32(next(_COUNTED_RUNS) % INT32_MAX)
 
-
-def _run_key(place: int, runs) -> tf.Tensor:
-    """An int32 instance key: ``place`` joined with the next count of ``runs``, taken when
-    the op runs."""
-    if not 0 < place <= _PLACES:
-        raise ValueError(f"At most {_PLACES} collective ops may be built among ranks; this "
-                         f"one would be op {place}.")
-
-    @tf.autograph.experimental.do_not_convert
-    def next_key():
-        return np.int32(place * _RUNS + next(runs) % _RUNS)
-
-    key = tf.numpy_function(next_key, [], tf.int32, stateful=True,
-                            name="sparseflow_collective_key")
-    key.set_shape([])
-    return key
+        key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
+                                name="sparseflow_collective_key")
+        key.set_shape([])
+        return self.group_key, key

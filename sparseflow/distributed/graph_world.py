@@ -8,11 +8,12 @@ TensorFlow's graph-mode collectives need (``collective_group_leader``, and
 ``device_filters`` so that the graph runs on this rank's devices only). The program's text
 does not change.
 
-Collective ops in a graph are run by every rank once per ``Session.run`` that fetches them;
-their instance keys are fixed when the op is built, in build order (:func:`instance_keys`),
-which is the same on every rank because every rank runs the same script. (An instance key
-may be reused from one ``Session.run`` to the next; within one run every collective needs its
-own.)
+Collective ops in a graph are run by every rank once per ``Session.run`` that fetches them,
+in an order the executor chooses. Each op is a collective group of its own, numbered when
+it is built (the same order on every rank, which runs the same script), and each run of it
+takes the next instance key (``GraphExchange``). A step whose collectives include an
+all-to-all also holds a reduction (the width agreement), without which TensorFlow's master
+runs the step without a collective executor.
 """
 
 from __future__ import annotations
@@ -142,18 +143,17 @@ class GraphWorld:
 
 
 class GraphExchange(RunKeyedExchange):
-    """:class:`RunKeyedExchange` for a graph program: op places counted per graph."""
+    """:class:`RunKeyedExchange` for a graph program: each collective op a group numbered
+    from one process-wide counter (graphs are built in the same order on every rank)."""
 
     def __init__(self, world_size: int, timeout_seconds: float, graph):
-        super().__init__(world_size, timeout_seconds, GRAPH_GROUP_KEY,
-                         lambda: instance_keys(graph))
+        del graph   # groups are numbered across graphs: an old graph's ids stay its own
+        super().__init__(world_size, timeout_seconds, lambda: next(_GROUPS))
 
 
-def instance_keys(graph) -> int:
-    """The next collective op's place in ``graph`` (1, 2, ... in build order)."""
-    cache = graph_cache(graph, "collective_instance_keys")
-    counter = cache.setdefault("counter", itertools.count(1))
-    return next(counter)
+# Group keys of graph collective ops: above the YAML trainer's (1000-1002) and the TF2
+# faces' (1010).
+_GROUPS = itertools.count(GRAPH_GROUP_KEY)
 
 
 _WORLD: GraphWorld | None = None

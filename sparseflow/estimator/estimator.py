@@ -28,6 +28,7 @@ import tensorflow as tf
 from sparseflow import runtime as _runtime
 from sparseflow.checkpoint import saver as _saver
 from sparseflow.checkpoint.sparse_format import CheckpointError, read_manifest
+from sparseflow.distributed import collectives
 from sparseflow.estimator import hooks as _hooks
 from sparseflow.estimator.export import PredictOutput, ServingInputReceiver
 from sparseflow.estimator.run_config import RunConfig
@@ -490,7 +491,11 @@ class Estimator:
 
         Returns:
           dict with ``loss`` (the mean of the batches' losses), ``global_step`` and every
-          metric of ``eval_metric_ops``.
+          metric of ``eval_metric_ops``. Over several ranks, each evaluates its part of the
+          data and every rank returns the metrics of all of it: a batch's loss is the sum
+          of the ranks' losses (write it as the local sum over the global batch size), and
+          the metric variables (``tf.compat.v1.metrics``' totals, counts, confusion
+          counts) are summed over the ranks before the final values are read.
 
         Raises:
           ValueError: no checkpoint, ``steps`` not None and not an int > 0, a checkpoint of
@@ -509,18 +514,25 @@ class Estimator:
             if taken:
                 fail("eval_metric_ops", "a dict without the keys 'loss' and 'global_step' (the "
                      "Estimator's own: the mean loss, the checkpoint's step)", taken)
-            metrics = {"loss": tf.compat.v1.metrics.mean(spec.loss)}
+            loss = spec.loss
+            if rt.world is not None:   # each batch's loss over the ranks' parts of it
+                loss = collectives.all_reduce(loss, "sum")
+            with tf.name_scope("sparseflow_eval_loss") as loss_scope:
+                metrics = {"loss": tf.compat.v1.metrics.mean(loss)}
             metrics.update(spec.eval_metric_ops)
             update = tf.group(*[update_op for _, update_op in metrics.values()])
             finals = {key: value for key, (value, _) in metrics.items()}
             finals["global_step"] = global_step
             final_hook = tf.compat.v1.train.FinalOpsHook(finals)
+            ranks_hooks = []
+            if rt.world is not None:
+                ranks_hooks.append(_hooks.SumMetricsHook(loss_scope))
             saver = self._saver(rt)
             scaffold = tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=spec.scaffold)
             self._check_checkpoint(checkpoint, rt, "checkpoint_path")
             all_hooks = (input_hooks + hooks + list(spec.evaluation_hooks)
-                         + [_hooks.StartPipelineHook(), _hooks.StopAfterNHook(steps),
-                            final_hook])
+                         + [_hooks.StartPipelineHook(), _hooks.StopAfterNHook(steps)]
+                         + ranks_hooks + [final_hook])
             with tf.compat.v1.train.MonitoredSession(
                     session_creator=self._session_creator(scaffold, checkpoint),
                     hooks=all_hooks) as sess:

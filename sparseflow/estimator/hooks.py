@@ -136,3 +136,26 @@ class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
         super().begin()
         from tensorflow.python.training.summary_io import SummaryWriterCache
         self._summary_writer = SummaryWriterCache.get(self._summary_dir)
+
+
+class SumMetricsHook(tf.compat.v1.train.SessionRunHook):
+    """Over several ranks, at the end of an evaluation: every metric variable (the totals,
+    counts and confusion counts ``tf.compat.v1.metrics`` accumulate) summed over the ranks,
+    so that the final metric values read after it are those of all the ranks' data. The
+    variables under ``skip_scope`` (a metric whose input is summed over the ranks already)
+    are left as they are. Built at ``begin`` (the graph is finalized later)."""
+
+    def __init__(self, skip_scope: str):
+        self._skip_scope = skip_scope
+        self._sum = None
+
+    def begin(self):
+        from sparseflow.distributed import collectives
+        variables = [v for v in tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+            if not v.op.name.startswith(self._skip_scope)]
+        self._sum = tf.group(*[v.assign(collectives.all_reduce(v.read_value(), "sum"))
+                               for v in variables])
+
+    def end(self, session):
+        session.run(self._sum)

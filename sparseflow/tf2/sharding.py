@@ -12,8 +12,6 @@ each key's over the ranks and apply the table's optimizer once.
 
 from __future__ import annotations
 
-import itertools
-
 import tensorflow as tf
 
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
@@ -23,9 +21,6 @@ from sparseflow.distributed.sharding import PAD_KEY
 # Above the YAML trainer's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
 TIMEOUT_SECONDS = 300.0
-# Each Embedding's exchange has a place of its own: the ranks make their Embeddings in the
-# same order.
-_PLACES = itertools.count(1)
 _ROUTE = ("route/send", "route/counts", "route/place", "route/gather", "route/sizes",
           "route/timestamp")
 
@@ -79,8 +74,7 @@ class BoundSharding:
         self.tables = tables
         self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
                                 sharding.world_size)
-        self.exchange = CountedExchange(sharding.world_size, TIMEOUT_SECONDS, TF2_GROUP_KEY,
-                                        next(_PLACES))
+        self.exchange = CountedExchange(sharding.world_size, TIMEOUT_SECONDS, TF2_GROUP_KEY)
 
     def route(self, timestamp: tf.Tensor, ids: list, stamped: bool) -> dict:
         """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what

@@ -1,14 +1,17 @@
 """An Estimator program run as 1 rank or as N (``sparseflow launch``) by
 tests/test_estimator_ranks.py, on the same global batches either way.
 
-    python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS
+    python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS [--evaluate]
 
 Trains (or resumes, from MODEL_DIR's latest checkpoint, on the batches after it) to global
 step MAX_STEPS, saving every 6 steps: one table (lazy Adam, admission threshold 2) read by
 two feature specs, a linear head (Adam) whose gradients are all-reduced with "sum", the
-loss the local batch's sum over the global batch size.
+loss the local batch's sum over the global batch size. ``--evaluate``: then evaluate 4 global
+batches of other data (loss, AUC, accuracy), each rank its part, and write the results to
+``MODEL_DIR/eval-rank{r}.json``.
 """
 
+import json
 import os
 import sys
 
@@ -25,29 +28,32 @@ from sparseflow.optimizers import lazy_adam  # noqa: E402
 GLOBAL_BATCH, STEPS = 32, 12
 
 
-def data():
-    rng = np.random.default_rng(4)
-    n = GLOBAL_BATCH * STEPS
+def data(seed: int = 4, steps: int = STEPS):
+    rng = np.random.default_rng(seed)
+    n = GLOBAL_BATCH * steps
     ids = (rng.zipf(1.3, (n, 4)) % 500).astype(np.int64)
     more = rng.integers(0, 500, (n, 2)).astype(np.int64)
     labels = ((ids[:, 0] % 3 == 0) | (more[:, 1] % 4 == 0)).astype(np.float32)[:, None]
     return {"ids": ids, "more": more}, labels
 
 
-def main(model_dir: str, max_steps: int) -> None:
+def main(model_dir: str, max_steps: int, evaluate: bool) -> None:
     tf.compat.v1.disable_eager_execution()
     rank, size = collectives.rank_and_size()
     specs = {}
 
-    def input_fn():
+    def input_fn(mode):
+        training = mode == est.ModeKeys.TRAIN
         done = 0
         latest = tf.train.latest_checkpoint(model_dir)
-        if latest is not None:
+        if latest is not None and training:
             done = int(tf.train.load_variable(latest, "global_step"))
-        specs["ids"] = sf.FeatureSpec("ids", table_name="t", access_threshold=2)
-        specs["more"] = sf.FeatureSpec("more", table_name="t", access_threshold=2)
-        insert = sf.get_asc_insert_func(tgt_key_specs=[specs["ids"], specs["more"]])
-        features, labels = data()
+        threshold = 2 if training else None
+        specs["ids"] = sf.FeatureSpec("ids", table_name="t", access_threshold=threshold)
+        specs["more"] = sf.FeatureSpec("more", table_name="t", access_threshold=threshold)
+        insert = sf.get_asc_insert_func(tgt_key_specs=[specs["ids"], specs["more"]],
+                                        is_training=training)
+        features, labels = data() if training else data(seed=9, steps=4)
         ds = tf.compat.v1.data.Dataset.from_tensor_slices((features, labels)).shard(size, rank)
         ds = ds.batch(GLOBAL_BATCH // size, drop_remainder=True).skip(done)
         return ds.map(lambda f, l: (insert(f), l))
@@ -63,6 +69,11 @@ def main(model_dir: str, max_steps: int) -> None:
         logits = tf.matmul(x, w)
         loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
             labels=labels, logits=logits)) / GLOBAL_BATCH
+        if mode == est.ModeKeys.EVAL:
+            prob = tf.sigmoid(logits)
+            return est.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+                "auc": tf.compat.v1.metrics.auc(labels, prob),
+                "accuracy": tf.compat.v1.metrics.accuracy(labels, tf.round(prob))})
         dense, sparse = sf.get_dense_and_sparse_variable()
         grads = tf.gradients(loss, dense + sparse)
         dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
@@ -76,8 +87,13 @@ def main(model_dir: str, max_steps: int) -> None:
 
     config = est.RunConfig(model_dir=model_dir, save_checkpoints_steps=6,
                            log_step_count_steps=None, save_summary_steps=None)
-    est.Estimator(model_fn, config=config).train(input_fn, max_steps=max_steps)
+    estimator = est.Estimator(model_fn, config=config)
+    estimator.train(input_fn, max_steps=max_steps)
+    if evaluate:
+        results = estimator.evaluate(input_fn)
+        with open(os.path.join(model_dir, f"eval-rank{rank}.json"), "w") as f:
+            json.dump({k: float(v) for k, v in results.items()}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), "--evaluate" in sys.argv[3:])
