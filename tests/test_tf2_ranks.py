@@ -43,3 +43,27 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
     assert len(one["a/counted"]) > 0
     np.testing.assert_array_equal(
         np.sort(np.concatenate([shard["a/counted"] for shard in two])), one["a/counted"])
+
+
+def test_a_one_process_checkpoint_resumes_on_two_ranks_and_a_shard_is_not_taken_whole(
+        tmp_path):
+    """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
+    and train on exactly as the process did. One rank's shard restored by one process is
+    refused, naming both worlds, rather than read as the whole table."""
+    (one,) = _run(tmp_path / "one", None, "--save-at", "6", "--save-to", tmp_path / "ckpt")
+    two = _run(tmp_path / "two", 2, "--restore", tmp_path / "ckpt-rank0", "--start", "6")
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"][6:], rtol=0, atol=1e-5)
+    for table in ("a", "b"):
+        merged = np.concatenate([shard[f"{table}/keys"] for shard in two])
+        order = np.argsort(merged)
+        np.testing.assert_array_equal(merged[order], one[f"{table}/keys"])
+        ours = np.concatenate([shard[f"{table}/weights"] for shard in two])[order]
+        np.testing.assert_allclose(ours, one[f"{table}/weights"], rtol=0, atol=1e-5)
+    sharded = tmp_path / "sharded"
+    _run(sharded, 2, "--save-at", "6", "--save-to", sharded / "ckpt")
+    done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, "--restore",
+                      sharded / "ckpt-rank1", "--start", "6"], None, check=False)
+    assert done.returncode != 0
+    assert ("the checkpoint of Embedding `sparseflow_embedding` is rank 1's shard of 2 ranks; "
+            "this Embedding is rank 0 of 1") in done.stderr

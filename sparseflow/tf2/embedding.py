@@ -552,10 +552,27 @@ class Embedding(tf.Module):
                 f"{name}-counted_counts": tf.constant(state.counted_counts, tf.int32),
                 f"{name}-clock": tf.constant(state.clock, tf.int64),
                 f"{name}-optimizer_steps": tf.constant(state.optimizer_steps, tf.int64)})
+        # Which shard this is: restore re-splits a one-process checkpoint over ranks, and
+        # refuses one rank's shard where it would be taken for the whole table.
+        tensors["world"] = tf.constant(self._world(), tf.int64)
         return tensors
+
+    def _world(self) -> list[int]:
+        """``[rank, size]`` of this Embedding's shard ([0, 1] in one process)."""
+        sharding = self._sharding
+        return [0, 1] if sharding is None else [sharding.rank, sharding.world_size]
 
     def _restore_from_tensors(self, restored_tensors):
         source = f"the checkpoint of Embedding `{self.name}`"
+        saved = ([int(v) for v in restored_tensors["world"].numpy()]
+                 if "world" in restored_tensors else [0, 1])   # before shards were saved
+        rank, size = self._world()
+        if saved != [rank, size] and saved[1] != 1:
+            raise ValueError(
+                f"{source} is rank {saved[0]}'s shard of {saved[1]} ranks; this Embedding is "
+                f"rank {rank} of {size}. A checkpoint of the TF2 faces restores on the ranks "
+                f"that saved it, or, saved by one process, on any number of ranks; restoring "
+                f"shards on another number of ranks is not supported yet.")
         states = []
         for table in self._tables:
             name = table.table_name
@@ -569,6 +586,9 @@ class Embedding(tf.Module):
                 slot_names=tuple(s.decode() for s in get("slot_names")),
                 counted_keys=get("counted_keys"), counted_counts=get("counted_counts"),
                 clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps"))))
+        if saved[1] != size:   # one process's tables: this rank keeps the keys it owns
+            from sparseflow.distributed.sharding import rebucket
+            states = [rebucket([state], size)[rank] for state in states]
         # Every table checked before any changes: a refused one leaves all as they were.
         for table, state in zip(self._tables, states):
             table_state.check_fits(table, state, source)

@@ -70,7 +70,7 @@ class BoundSharding:
     """One Embedding's tables among the ranks (see the module docstring)."""
 
     def __init__(self, sharding: Tf2Sharding, tables: list, feature_tables: list[int]):
-        self.world_size = sharding.world_size
+        self.rank, self.world_size = sharding.rank, sharding.world_size
         self.tables = tables
         self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
                                 sharding.world_size)

@@ -2,18 +2,21 @@
 tf.distribute.MultiWorkerMirroredStrategy), run as 1 process or as N ranks (``sparseflow
 launch``) by tests/test_tf2_ranks.py, on the same global batches either way.
 
-    python -m tests.workers.tf2_ranks OUT_DIR STEPS [--keras]
+    python -m tests.workers.tf2_ranks OUT_DIR STEPS [--keras] [--save-at K --save-to PREFIX]
+                                                    [--restore PATH --start K]
 
 Two tables (one read by two features), admission on one, timestamps; a linear head whose
 gradient is all-reduced with "sum" by the replica context; the loss the local batch's sum
 over the global batch size. ``--keras``: table "b" is a sparseflow.keras.SparseEmbedding
 layer (its own sparse optimizer, applied in the backward pass) instead of an Embedding
-feature. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
+feature. ``--save-at K``: after global step K, every rank saves a tf.train.Checkpoint of the
+Embedding and the head to ``PREFIX-rank{r}``; ``--restore PATH --start K``: restore one and
+train steps K+1..STEPS. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
 table, sorted by key.
 """
 
+import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -27,7 +30,8 @@ from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
 GLOBAL_BATCH = 32
 
 
-def main(out_dir: str, steps: int, keras_layer: bool) -> None:
+def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to: str = "",
+         restore: str = "", start: int = 0) -> None:
     ranks = detect()
     strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
                 else tf.distribute.get_strategy())
@@ -52,7 +56,7 @@ def main(out_dir: str, steps: int, keras_layer: bool) -> None:
     w = tf.Variable(w0)
 
     ds = tf.data.Dataset.from_tensor_slices(dict(data, ts=ts)).shard(ranks.size, ranks.rank)
-    ds = ds.batch(GLOBAL_BATCH // ranks.size, drop_remainder=True)
+    ds = ds.batch(GLOBAL_BATCH // ranks.size, drop_remainder=True).skip(start)
     ds = ds.map(lambda x: (embedding.preprocess({k: x[k] for k in features}, training=True,
                                                 timestamp=x["ts"]), x["f3"], x["label"]))
 
@@ -77,7 +81,14 @@ def main(out_dir: str, steps: int, keras_layer: bool) -> None:
     def step(batch, f3, label):
         return strategy.run(replica_step, args=(batch, f3, label))
 
-    losses = [float(step(*element)) for element in ds]
+    checkpoint = tf.train.Checkpoint(embedding=embedding, w=w)
+    if restore:
+        checkpoint.read(restore).assert_consumed()
+    losses = []
+    for index, element in enumerate(ds, start=start + 1):
+        losses.append(float(step(*element)))
+        if index == save_at:
+            checkpoint.write(f"{save_to}-rank{ranks.rank}")
     out = {"losses": np.asarray(losses), "w": w.numpy()}
     tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
     for table in tables:
@@ -87,4 +98,13 @@ def main(out_dir: str, steps: int, keras_layer: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--keras" in sys.argv[3:])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--keras", action="store_true")
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--save-to", default="")
+    parser.add_argument("--restore", default="")
+    parser.add_argument("--start", type=int, default=0)
+    a = parser.parse_args()
+    main(a.out_dir, a.steps, a.keras, a.save_at, a.save_to, a.restore, a.start)
