@@ -155,6 +155,19 @@ def test_max_to_keep_prunes_only_its_own_checkpoints(sf_init, tmp_path):
     assert kept == sorted(others + ["sparse-model-0-1", "sparse-model-0-2"])
 
 
+def test_max_to_keep_prunes_a_save_path_that_changes_with_every_save(sf_init, tmp_path):
+    """Saved as model-<i> with no global_step (a path of its own per save), the sparse part
+    of a checkpoint TF's Saver deleted goes with it."""
+    table, it, train, saver = _trained_table(tmp_path)
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+        for step in range(4):
+            sess.run(train)
+            saver.save(sess, str(tmp_path / f"model-{step}"))
+    kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "sparse-*")))
+    assert kept == ["sparse-model-2", "sparse-model-3"]
+
+
 def test_saver_validates_and_needs_the_pipeline(sf_init):
     with pytest.raises(ValueError, match=r"`max_to_keep` must be an int >= 0. Received: -1"):
         sf.Saver(max_to_keep=-1)

@@ -44,7 +44,7 @@ def _assert_same(ours: dict, reference: dict) -> None:
     np.testing.assert_array_equal(ours["counted"], reference["counted"])
     np.testing.assert_allclose(ours["values"], reference["values"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(ours["w"], reference["w"], rtol=0, atol=1e-5)
-    assert set(ours["steps"]) == set(reference["steps"])
+    assert ours["steps"] == reference["steps"] * len(ours["steps"])   # every shard
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +96,12 @@ def test_a_model_dir_resumes_on_another_number_of_ranks(runs, tmp_path, first, t
             (model_dir / state).write_text(text)
     _train(model_dir, 12, then)
     _assert_same(_model(model_dir, 12, then or 1), _model(one, 12, 1))
+
+
+def test_checkpoints_on_each_ranks_clock_are_refused_over_ranks(tmp_path):
+    """A save takes part in collectives on every rank: ranks must save at one step."""
+    done = run_ranks([WORKER, tmp_path, 12, "--save-secs"], 2, check=False)
+    assert done.returncode != 0
+    assert ("ValueError: Argument `config.save_checkpoints_secs` must be None over several "
+            "ranks (this is rank 0 of 2)") in done.stdout
+    assert "Set RunConfig(save_checkpoints_steps=N). Received: 60" in done.stdout

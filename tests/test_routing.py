@@ -599,6 +599,25 @@ def test_an_owner_sums_a_keys_gradients_from_the_ranks_or_averages_them(op, fact
     ((rows, summed),) = router.sum_gradients(token, np.ones((2, 1, 2), np.float32))
     assert rows.shape == (1,) and rows[0] >= 0
     np.testing.assert_array_equal(summed, np.full((1, 2), factor, np.float32))
+    assert not router._pending   # noqa: SLF001 -- the step is released
+
+
+def test_a_steps_gradients_release_the_steps_before_it_and_a_second_update_is_named():
+    """A training step whose gradients never came (a forward-only run) is released by the
+    next step's; applying a step's gradients twice names the token."""
+    table = make_table("t", 2, -1)
+    router = KeyRouter([table], [0], [1], world_size=1)
+    received = np.array([[[4, 1]]], np.int64)
+    first = router.process(received, np.array([[1]], np.int32), None, True)
+    router.gather(first)
+    second = router.process(received, np.array([[1]], np.int32), None, True)
+    router.gather(second)
+    router.sum_gradients(second, np.ones((1, 1, 2), np.float32))
+    assert not router._pending   # noqa: SLF001 -- the first step went with the second
+    assert not table.processor._outstanding   # noqa: SLF001 -- and so did its batch
+    with pytest.raises(RuntimeError, match=rf"Keys of step token {int(second)} are not "
+                                           rf"pending: their gradients were applied already"):
+        router.sum_gradients(second, np.ones((1, 1, 2), np.float32))
 
 
 def test_create_table_keeps_all2all_gradients_op_and_checks_it():

@@ -159,6 +159,30 @@ def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_
                                    atol=1e-5)
 
 
+def test_ranks_given_one_save_path_are_refused_naming_it(tmp_path):
+    """Every rank saves its shard: one path for all would have each rank's shard replace
+    another's. Each rank refuses (the same gathered paths everywhere) before writing."""
+    done = run_ranks(["tests.workers.session_ranks", tmp_path, 4, "--save-at", 2,
+                      "--save-to", tmp_path / "model", "--shared-prefix"], 2, check=False)
+    assert done.returncode != 0
+    for rank in range(2):
+        assert (f"[rank {rank}] ValueError: Argument `save_path` must be a path of its own on "
+                f"each of the 2 ranks") in done.stdout
+    assert not any(name.startswith("sparse-") for name in os.listdir(tmp_path))
+
+
+def test_broadcast_checks_its_root_rank():
+    import tensorflow as tf
+
+    from sparseflow.distributed import collectives
+
+    with tf.Graph().as_default():
+        x = tf.constant([1.0])
+        assert collectives.broadcast(x, 0) is x
+        with pytest.raises(ValueError, match=r"`root_rank` must be an int in \[0, 0\]"):
+            collectives.broadcast(x, 1)
+
+
 def test_collective_timeout_is_read_and_checked():
     from sparseflow.distributed.graph_world import collective_timeout
 

@@ -54,10 +54,24 @@ def latest_checkpoint(checkpoint_dir: str) -> str | None:
         return None
     # get_checkpoint_state already resolves relative paths against checkpoint_dir.
     for prefix in reversed(list(state.all_model_checkpoint_paths)):
-        if tf.compat.v1.train.checkpoint_exists(prefix) and os.path.exists(
-                os.path.join(sparse_path(prefix), fmt.MANIFEST)):
+        if tf.compat.v1.train.checkpoint_exists(prefix) and _every_shard_written(prefix):
             return prefix
     return None
+
+
+def _every_shard_written(prefix: str) -> bool:
+    """Whether the sparse part of ``prefix`` exists, and, saved by several ranks, every
+    rank's shard."""
+    directory = sparse_path(prefix)
+    try:
+        world = fmt.read_manifest(directory).get("world")
+    except fmt.CheckpointError:
+        return False
+    if world is None:
+        return True
+    parent = os.path.dirname(os.path.abspath(directory))
+    return all(os.path.exists(os.path.join(parent, path, fmt.MANIFEST))
+               for path in world["shards"])
 
 
 def _dense_variables():
@@ -214,12 +228,17 @@ class Saver:
             shards = self._shard_paths.exchange(sess, sparse_path(prefix))
         self._save_sparse(sparse_path(prefix), incremental, sess, shards)
         self._last_sparse = sparse_path(prefix)
+        kept_before = list(self._dense.last_checkpoints)
         written = self._dense.save(sess, save_path, global_step=step,
                                    latest_filename=latest_filename,
                                    meta_graph_suffix=meta_graph_suffix,
                                    write_meta_graph=write_meta_graph, **kwargs)
-        self._prune(os.path.dirname(prefix) or ".", os.path.basename(save_path))
-        if shards is not None:   # for the message of a rank that loses its peers
+        dropped = [p for p in kept_before if p not in self._dense.last_checkpoints]
+        self._prune(os.path.dirname(prefix) or ".", os.path.basename(save_path), dropped)
+        if shards is not None:
+            # Every rank has written its shard before any returns: a rank that reads the
+            # latest checkpoint next (the Estimator's evaluation) finds this one whole.
+            self._shard_paths.barrier(sess)
             from sparseflow.distributed import graph_world
             parent = os.path.dirname(os.path.abspath(sparse_path(prefix)))
             graph_world.record_checkpoint(written, [os.path.join(parent, p)
@@ -258,17 +277,21 @@ class Saver:
                 restore_window(table, window)
             raise
 
-    def _prune(self, directory: str, base: str) -> None:
-        """Deletes sparse parts of ``base``'s checkpoints (``sparse-<base>`` and
-        ``sparse-<base>-<step>``) whose dense checkpoint TF's Saver has deleted
-        (max_to_keep), unless a kept incremental checkpoint builds on them. Other savers'
+    def _prune(self, directory: str, base: str, dropped: list) -> None:
+        """Deletes this saver's sparse parts whose dense checkpoint TF's Saver has deleted
+        (max_to_keep), unless a kept incremental checkpoint builds on them: those of
+        ``base`` (``sparse-<base>``, ``sparse-<base>-<step>``) and of the prefixes TF's
+        Saver just ``dropped`` (a save path that changes with every save). Other savers'
         checkpoints in the directory (another rank's, whose dense part may not be written
         yet) are not this saver's to delete."""
         if self.max_to_keep == 0:
             return
         own = f"sparse-{base}"
+        theirs = {f"sparse-{os.path.basename(p)}" for p in dropped
+                  if os.path.dirname(os.path.abspath(p)) == os.path.abspath(directory)}
         names = [n for n in os.listdir(directory)
-                 if (n == own or (n.startswith(own + "-") and n[len(own) + 1:].isdigit()))
+                 if (n == own or n in theirs
+                     or (n.startswith(own + "-") and n[len(own) + 1:].isdigit()))
                  and os.path.isdir(os.path.join(directory, n))]
         kept = set()
         for name in names:
@@ -336,6 +359,11 @@ class ShardPaths:
         self._path = tf.compat.v1.placeholder(tf.int32, [1, _PATH_BYTES],
                                               name="sparseflow_shard_path")
         self._paths = collectives.all_gather(self._path)
+        self._barrier = collectives.all_reduce(tf.constant(1, tf.int32), "sum")
+
+    def barrier(self, sess) -> None:
+        """Returns once every rank has called it (after writing its shard)."""
+        sess.run(self._barrier)
 
     def exchange(self, sess, directory: str) -> dict:
         """Every rank's shard of the checkpoint whose sparse part this rank writes at
@@ -343,7 +371,8 @@ class ShardPaths:
         each relative to this directory's parent when it is below it, else absolute.
 
         Raises:
-          ValueError: the directory's path is longer than 4096 bytes.
+          ValueError: the directory's path is longer than 4096 bytes, or two ranks would
+            write one directory (every rank was given the same save path).
         """
         encoded = os.path.abspath(directory).encode()
         if len(encoded) > _PATH_BYTES:
@@ -357,6 +386,10 @@ class ShardPaths:
             path = bytes(gathered[r][gathered[r] > 0].astype(np.uint8)).decode()
             relative = os.path.relpath(path, parent)
             shards.append(relative if not relative.startswith("..") else path)
+        if len(set(shards)) < len(shards):   # the same list on every rank: all raise
+            fail("save_path", f"a path of its own on each of the {self.world.size} ranks "
+                 f"(e.g. with the rank id in it, as Rec SDK's model-{{rank_id}}): every "
+                 f"rank saves its shard", directory)
         return {"rank": self.world.rank, "size": self.world.size, "shards": shards}
 
 
@@ -386,6 +419,8 @@ def read_rank_states(directory: str, world, known=None, skip_unknown: bool = Fal
     if (saved["rank"], saved["size"]) == (rank, size):
         return _read_states(directory, known, skip_unknown)
     parent = os.path.dirname(os.path.abspath(directory))
+    if saved["size"] == size:   # another rank's prefix: this rank's shard is listed in it
+        return _read_states(os.path.join(parent, saved["shards"][rank]), known, skip_unknown)
     shards = [_read_states(os.path.join(parent, path), known, skip_unknown)
               for path in saved["shards"]]
     names = sorted({name for shard in shards for name in shard})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparseflow.validation import fail
+from sparseflow.validation import check_int, fail
 
 # HCCL's names for the reductions, and the CollectiveReduceV2 merge op of each.
 REDUCTIONS = {"sum": "Add", "max": "Max", "min": "Min", "prod": "Mul"}
@@ -68,15 +68,26 @@ def all_reduce(tensor, reduction: str = "sum") -> tf.Tensor:
 
 def all_gather(tensor) -> tf.Tensor:
     """Every rank's ``tensor`` (same shape everywhere) concatenated along axis 0, in rank
-    order."""
+    order; ``tensor`` itself over one rank.
+
+    Raises:
+      RuntimeError: several ranks and eager execution.
+    """
     exchange = _exchange("all_gather")
     return tensor if exchange is None else exchange.gather(tf.convert_to_tensor(tensor))
 
 
 def broadcast(tensor, root_rank: int = 0) -> tf.Tensor:
-    """Rank ``root_rank``'s ``tensor`` on every rank (same shape everywhere)."""
+    """Rank ``root_rank``'s ``tensor`` (same shape everywhere) on every rank; ``tensor``
+    itself over one rank.
+
+    Raises:
+      TypeError, ValueError: ``root_rank`` is not an int in ``[0, ranks)``.
+      RuntimeError: several ranks and eager execution.
+    """
     from sparseflow.distributed.graph_world import current
 
+    check_int("root_rank", root_rank, 0, rank_and_size()[1] - 1)
     exchange = _exchange("broadcast")
     if exchange is None:
         return tensor
@@ -91,7 +102,11 @@ def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:
     """One op that sets every global variable of the current graph to rank ``root_rank``'s
     value (as ``horovod.broadcast_global_variables``): run it once after the variables are
     initialized, so that ranks whose initializers drew different values train one model.
-    A no-op over one rank."""
+    A no-op over one rank.
+
+    Raises:
+      TypeError, ValueError: ``root_rank`` is not an int in ``[0, ranks)``.
+    """
     variables = tf.compat.v1.global_variables()
     return tf.group(*[v.assign(broadcast(v.read_value() if hasattr(v, "read_value") else v,
                                          root_rank)) for v in variables])

@@ -200,19 +200,20 @@ def join(ranks: Ranks, environ=None) -> GraphWorld:
                 f"TF_CONFIG makes this process worker {world.index} of {world.size}, but "
                 f"{ranks.source} says rank {ranks.rank} of {ranks.size}: they must agree.")
         timeout = collective_timeout(environ)
-        server = _start_server(world)
+        server = _start_server(world, environ)
         _WORLD = GraphWorld(world.index, world.size, server, timeout)
         _bind_sessions(_WORLD)
         return _WORLD
 
 
-def _start_server(world: World):
+def _start_server(world: World, environ=None):
     import json
     import os
 
     import tensorflow as tf
 
-    cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+    environ = os.environ if environ is None else environ
+    cluster = tf.train.ClusterSpec(json.loads(environ["TF_CONFIG"])["cluster"])
     config = tf.compat.v1.ConfigProto()
     config.experimental.collective_group_leader = _LEADER
     config.device_filters.append(f"/job:worker/task:{world.index}")

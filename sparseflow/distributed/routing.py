@@ -217,7 +217,7 @@ class KeyRouter:
         its gradients unless ``keep`` is False (no gradient will come). With ``flags``, one
         more column says whether the entry's key owns a row (1.0) or not (0.0)."""
         with self._lock:
-            pending = self._pending[int(token)]
+            pending = self._take(token, pop=False)
             if not (pending.train and keep):
                 del self._pending[int(token)]
         width = self.max_dim + int(flags)
@@ -231,6 +231,22 @@ class KeyRouter:
             if not (pending.train and keep):
                 table.release_batch(result.seq, drain=True)
         return reply.reshape(pending.n, pending.m, width)
+
+    def _take(self, token: int, pop: bool) -> _Pending:
+        """The pending step of ``token`` (under the lock).
+
+        Raises:
+          RuntimeError: no such step: already updated, released as stale, or never
+            processed (a gradient applied twice, or of a step that was not looked up).
+        """
+        found = self._pending.pop(int(token), None) if pop else self._pending.get(int(token))
+        if found is None:
+            raise RuntimeError(
+                f"Keys of step token {int(token)} are not pending: their gradients were "
+                f"applied already, or a later step's were (an update of a step runs once, "
+                f"in order), or the step was never looked up. Pending: "
+                f"{sorted(self._pending)[:10]}")
+        return found
 
     def lookup(self, received: np.ndarray, counts: np.ndarray, timestamp: int | None,
                train: bool):
@@ -273,7 +289,7 @@ class KeyRouter:
           grads: float32 ``[N, m, max_dim]`` in the layout :meth:`process` received.
         """
         with self._lock:
-            pending = self._pending.pop(int(token)).tables
+            pending = self._take(token, pop=True).tables
             stale = [self._pending.pop(t).tables for t in list(self._pending) if t < token]
         for tables in stale:
             for table, (_, result) in zip(self.tables, tables):

@@ -426,6 +426,12 @@ class Estimator:
                     save_steps=cfg.save_summary_steps, output_dir=summary_dir,
                     scaffold=scaffold))
             save_steps = cfg.save_checkpoints_steps
+            if rt.world is not None and cfg.save_checkpoints_secs is not None:
+                # Every rank's save takes part in collectives: all must save at one step.
+                fail("config.save_checkpoints_secs",
+                     f"None over several ranks (this is rank {rt.world.rank} of "
+                     f"{rt.world.size}): each rank's clock would save at its own step. Set "
+                     f"RunConfig(save_checkpoints_steps=N)", cfg.save_checkpoints_secs)
             if save_steps is None and cfg.save_checkpoints_secs is None:
                 # No interval: a checkpoint when the session starts and one at the end only;
                 # tf.estimator saved none, losing the training.

@@ -39,6 +39,8 @@ from sparseflow.validation import fail
 # the dict, not a tensor's value).
 _TRAINING_MARK = "__sparseflow_tf2_training__"
 _EVALUATION_MARK = "__sparseflow_tf2_evaluation__"
+# Ends a sharded checkpoint's slot names: "__world__:<rank>/<size>".
+_WORLD_MARK = "__world__:"
 
 
 class _Feature:
@@ -547,15 +549,21 @@ class Embedding(tf.Module):
                 f"{name}-counts": tf.constant(state.counts, tf.int32),
                 f"{name}-last_seen": tf.constant(state.last_seen, tf.int64),
                 f"{name}-values": tf.constant(state.values, tf.float32),
-                f"{name}-slot_names": tf.constant(list(state.slot_names), tf.string),
+                f"{name}-slot_names": tf.constant(list(state.slot_names) + self._world_mark(),
+                                                  tf.string),
                 f"{name}-counted_keys": tf.constant(state.counted_keys, tf.int64),
                 f"{name}-counted_counts": tf.constant(state.counted_counts, tf.int32),
                 f"{name}-clock": tf.constant(state.clock, tf.int64),
                 f"{name}-optimizer_steps": tf.constant(state.optimizer_steps, tf.int64)})
-        # Which shard this is: restore re-splits a one-process checkpoint over ranks, and
-        # refuses one rank's shard where it would be taken for the whole table.
-        tensors["world"] = tf.constant(self._world(), tf.int64)
         return tensors
+
+    def _world_mark(self) -> list[str]:
+        """Which shard a checkpoint holds, as a last "slot name" (none in one process, whose
+        checkpoints keep the layout they always had): restore re-splits a one-process
+        checkpoint over ranks and refuses one rank's shard where it would be taken for the
+        whole table."""
+        rank, size = self._world()
+        return [] if size == 1 else [f"{_WORLD_MARK}{rank}/{size}"]
 
     def _world(self) -> list[int]:
         """``[rank, size]`` of this Embedding's shard ([0, 1] in one process)."""
@@ -564,8 +572,11 @@ class Embedding(tf.Module):
 
     def _restore_from_tensors(self, restored_tensors):
         source = f"the checkpoint of Embedding `{self.name}`"
-        saved = ([int(v) for v in restored_tensors["world"].numpy()]
-                 if "world" in restored_tensors else [0, 1])   # before shards were saved
+        marks = [m.decode() for t in self._tables
+                 for m in restored_tensors[f"{t.table_name}-slot_names"].numpy()
+                 if m.decode().startswith(_WORLD_MARK)]
+        saved = ([int(v) for v in marks[0][len(_WORLD_MARK):].split("/")] if marks
+                 else [0, 1])
         rank, size = self._world()
         if saved != [rank, size] and saved[1] != 1:
             raise ValueError(
@@ -583,7 +594,8 @@ class Embedding(tf.Module):
             states.append(table_state.TableState(
                 keys=get("keys"), counts=get("counts"), last_seen=get("last_seen"),
                 values=np.ascontiguousarray(get("values"), np.float32),
-                slot_names=tuple(s.decode() for s in get("slot_names")),
+                slot_names=tuple(s.decode() for s in get("slot_names")
+                                 if not s.decode().startswith(_WORLD_MARK)),
                 counted_keys=get("counted_keys"), counted_counts=get("counted_counts"),
                 clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps"))))
         if saved[1] != size:   # one process's tables: this rank keeps the keys it owns

@@ -1,14 +1,14 @@
 """An Estimator program run as 1 rank or as N (``sparseflow launch``) by
 tests/test_estimator_ranks.py, on the same global batches either way.
 
-    python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS [--evaluate]
+    python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS [--evaluate] [--save-secs]
 
 Trains (or resumes, from MODEL_DIR's latest checkpoint, on the batches after it) to global
 step MAX_STEPS, saving every 6 steps: one table (lazy Adam, admission threshold 2) read by
 two feature specs, a linear head (Adam) whose gradients are all-reduced with "sum", the
 loss the local batch's sum over the global batch size. ``--evaluate``: then evaluate 4 global
 batches of other data (loss, AUC, accuracy), each rank its part, and write the results to
-``MODEL_DIR/eval-rank{r}.json``.
+``MODEL_DIR/eval-rank{r}.json``. ``--save-secs``: checkpoints every 60 seconds instead.
 """
 
 import json
@@ -37,7 +37,7 @@ def data(seed: int = 4, steps: int = STEPS):
     return {"ids": ids, "more": more}, labels
 
 
-def main(model_dir: str, max_steps: int, evaluate: bool) -> None:
+def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False) -> None:
     tf.compat.v1.disable_eager_execution()
     rank, size = collectives.rank_and_size()
     specs = {}
@@ -85,8 +85,10 @@ def main(model_dir: str, max_steps: int, evaluate: bool) -> None:
                                                                       sparse)))
         return est.EstimatorSpec(mode, loss=loss, train_op=train)
 
-    config = est.RunConfig(model_dir=model_dir, save_checkpoints_steps=6,
-                           log_step_count_steps=None, save_summary_steps=None)
+    schedule = ({"save_checkpoints_secs": 60} if save_secs
+                else {"save_checkpoints_steps": 6})
+    config = est.RunConfig(model_dir=model_dir, log_step_count_steps=None,
+                           save_summary_steps=None, **schedule)
     estimator = est.Estimator(model_fn, config=config)
     estimator.train(input_fn, max_steps=max_steps)
     if evaluate:
@@ -96,4 +98,5 @@ def main(model_dir: str, max_steps: int, evaluate: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--evaluate" in sys.argv[3:])
+    main(sys.argv[1], int(sys.argv[2]), "--evaluate" in sys.argv[3:],
+         "--save-secs" in sys.argv[3:])

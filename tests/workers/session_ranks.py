@@ -4,12 +4,14 @@ by tests/test_session_ranks.py: the same global batches either way.
     python -m tests.workers.session_ranks OUT_DIR STEPS [--save-at K --save-to PREFIX]
                                                         [--restore PREFIX --start K]
                                                         [--modify-graph] [--die-at K]
+                                                        [--shared-prefix]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
 any number of ranks) and train global steps K+1..STEPS. ``--modify-graph``: the same model
 through automatic graph modification (lookups of raw ids, thresholds per lookup).
-``--die-at K``: the last rank exits (status 7) before global step K.
+``--die-at K``: the last rank exits (status 7) before global step K. ``--shared-prefix``:
+every rank saves to ``PREFIX-K`` itself (refused over several ranks).
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -35,7 +37,7 @@ GLOBAL_BATCH = 32
 
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
-         start: int, modify_graph: bool, die_at: int = 0) -> None:
+         start: int, modify_graph: bool, die_at: int = 0, shared_prefix: bool = False) -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init()
     rank, size = collectives.rank_and_size()
@@ -97,7 +99,8 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
                 os._exit(7)
             losses.append(sess.run([global_loss, train])[0])
             if step == save_at:
-                saver.save(sess, f"{save_to}-{rank}", global_step=step)
+                saver.save(sess, save_to if shared_prefix else f"{save_to}-{rank}",
+                           global_step=step)
         out = {"losses": np.asarray(losses), "w": sess.run(w)}
     for table in tables:
         for name, value in sorted_state(table).items():
@@ -116,6 +119,7 @@ if __name__ == "__main__":
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--modify-graph", action="store_true")
     parser.add_argument("--die-at", type=int, default=0)
+    parser.add_argument("--shared-prefix", action="store_true")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
-         a.die_at)
+         a.die_at, a.shared_prefix)
