@@ -112,7 +112,11 @@ def read_sparse_states(prefix: str, known=None, skip_unknown: bool = False) -> d
 
 def read_shard_states(prefix: str, known=None, skip_unknown: bool = False) -> dict:
     """:func:`read_sparse_states` of this prefix's own part only: one rank's shard of a
-    checkpoint saved by several ranks."""
+    checkpoint saved by several ranks (dict table name -> ``TableState``).
+
+    Raises:
+      CheckpointError, ValueError: as :func:`read_sparse_states`.
+    """
     return _read_states(sparse_path(prefix), known, skip_unknown)
 
 

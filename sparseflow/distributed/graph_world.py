@@ -132,7 +132,8 @@ class GraphWorld:
         return merged
 
     def exchange(self, graph=None) -> "GraphExchange":
-        """The collectives of ``graph`` (default: the current one) among the ranks."""
+        """The collectives (a :class:`GraphExchange`, one per graph) that ops built in
+        ``graph`` (default: the current one) run among the ranks."""
         import tensorflow as tf
 
         graph = graph or tf.compat.v1.get_default_graph()

@@ -213,9 +213,18 @@ class KeyRouter:
     def gather(self, token: int, keep: bool = True, flags: bool = False) -> np.ndarray:
         """The embeddings of :meth:`process` ``token``'s entries: float32 ``[N, m,
         max_dim]``, each at the entry's place (zeros for padding and keys without a row).
-        Read at call time: after the previous step's update. A training token is kept for
-        its gradients unless ``keep`` is False (no gradient will come). With ``flags``, one
-        more column says whether the entry's key owns a row (1.0) or not (0.0)."""
+        Read at call time: after the previous step's update.
+
+        Args:
+          token: from :meth:`process`.
+          keep: keep a training token for its gradients (:meth:`sum_gradients`); False
+            releases it now (no gradient will come).
+          flags: one more column (``[N, m, max_dim + 1]``) saying whether the entry's key
+            owns a row (1.0) or not (0.0).
+
+        Raises:
+          RuntimeError: ``token`` is not pending.
+        """
         with self._lock:
             pending = self._take(token, pop=False)
             if not (pending.train and keep):

@@ -70,6 +70,10 @@ def route_batch(rt, plan, inputs: list, timestamp: tf.Tensor) -> dict:
       plan: the insert function's ``InsertPlan``.
       inputs: each feature spec's key tensor, in the plan's spec order.
       timestamp: int64 scalar (the batch's timestamp, or ``no_timestamp()``).
+
+    Returns:
+      dict of the batch's routed keys (send buffer, counts, places, per-spec indices,
+      sizes, timestamp) under ``__sparseflow__/route/...`` keys.
     """
     n, n_tables, n_specs = rt.world.size, len(plan.tables), len(inputs)
 

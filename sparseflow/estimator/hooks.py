@@ -126,7 +126,13 @@ class StopAfterNHook(tf.compat.v1.train.SessionRunHook):
 class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
     """TF's ``CheckpointSaverHook`` whose event records (graph, checkpoint logs) go to
     ``summary_dir``: the model directory on rank 0, a directory of its own on other ranks
-    (writers of several ranks would otherwise share an event file name)."""
+    (writers of several ranks would otherwise share an event file name).
+
+    Args:
+      checkpoint_dir: where checkpoints go (the model directory).
+      summary_dir: where the hook's event records go.
+      **kwargs: ``CheckpointSaverHook``'s other arguments.
+    """
 
     def __init__(self, checkpoint_dir, *, summary_dir, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)

@@ -178,7 +178,9 @@ def _lookup_spec(table, ids: tf.Tensor, thresholds: dict | None, send_count: int
 
 
 def rewire(old: tf.Tensor, new: tf.Tensor) -> None:
-    """Points every consumer of ``old`` at ``new``."""
+    """Points every consumer of ``old`` at ``new`` (same graph, dtype and a compatible
+    shape): the rewrite's way of replacing a placeholder or an old iterator output.
+    Returns nothing; raises what TF's ``Operation._update_input`` raises for a mismatch."""
     for consumer in list(old.consumers()):
         for index, tensor in enumerate(consumer.inputs):
             if tensor is old:

@@ -62,7 +62,7 @@ class Tf2Sharding:
 
     def bind(self, tables: list, feature_tables: list[int]) -> "BoundSharding":
         """The routing of ``tables`` (this rank's shards), read by features whose table is
-        ``feature_tables[k]``."""
+        ``feature_tables[k]``: a :class:`BoundSharding`."""
         return BoundSharding(self, tables, feature_tables)
 
 
