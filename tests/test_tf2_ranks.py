@@ -45,13 +45,16 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
         np.sort(np.concatenate([shard["a/counted"] for shard in two])), one["a/counted"])
 
 
+@pytest.mark.parametrize("flags", [(), ("--keras",)], ids=["embedding", "keras-layer"])
 def test_a_one_process_checkpoint_resumes_on_two_ranks_and_a_shard_is_not_taken_whole(
-        tmp_path):
+        tmp_path, flags):
     """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
     and train on exactly as the process did. One rank's shard restored by one process is
     refused, naming both worlds, rather than read as the whole table."""
-    (one,) = _run(tmp_path / "one", None, "--save-at", "6", "--save-to", tmp_path / "ckpt")
-    two = _run(tmp_path / "two", 2, "--restore", tmp_path / "ckpt-rank0", "--start", "6")
+    (one,) = _run(tmp_path / "one", None, *flags, "--save-at", "6", "--save-to",
+                  tmp_path / "ckpt")
+    two = _run(tmp_path / "two", 2, *flags, "--restore", tmp_path / "ckpt-rank0", "--start",
+               "6")
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"][6:], rtol=0, atol=1e-5)
     for table in ("a", "b"):
@@ -61,9 +64,25 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks_and_a_shard_is_not_taken_
         ours = np.concatenate([shard[f"{table}/weights"] for shard in two])[order]
         np.testing.assert_allclose(ours, one[f"{table}/weights"], rtol=0, atol=1e-5)
     sharded = tmp_path / "sharded"
-    _run(sharded, 2, "--save-at", "6", "--save-to", sharded / "ckpt")
-    done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, "--restore",
-                      sharded / "ckpt-rank1", "--start", "6"], None, check=False)
+    _run(sharded, 2, *flags, "--save-at", "6", "--save-to", sharded / "ckpt")
+    done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, *flags,
+                      "--restore", sharded / "ckpt-rank1", "--start", "6"], None, check=False)
     assert done.returncode != 0
-    assert ("the checkpoint of Embedding `sparseflow_embedding` is rank 1's shard of 2 ranks; "
-            "this Embedding is rank 0 of 1") in done.stderr
+    source = ("the saved layer `b`" if flags
+              else "the checkpoint of Embedding `sparseflow_embedding`")
+    assert (f"{source} is rank 1's shard of 2 ranks; this is rank 0 of 1") in done.stderr
+
+
+def test_the_tf2_exchange_waits_the_configured_collective_timeout(monkeypatch):
+    import tensorflow as tf
+
+    from sparseflow.table import host_table
+    from sparseflow.tf2.sharding import Tf2Sharding
+
+    table = host_table("t", 4, tf.zeros_initializer(), 10, access_threshold=-1,
+                       eviction_threshold=None, optimizer=None, size_hint="vocabulary_size")
+    monkeypatch.setenv("SPARSEFLOW_COLLECTIVE_TIMEOUT", "7")
+    assert Tf2Sharding(0, 2).bind([table], [0]).exchange.timeout_seconds == 7.0
+    monkeypatch.setenv("SPARSEFLOW_COLLECTIVE_TIMEOUT", "never")
+    with pytest.raises(ValueError, match="SPARSEFLOW_COLLECTIVE_TIMEOUT must be a number"):
+        Tf2Sharding(0, 2).bind([table], [0])

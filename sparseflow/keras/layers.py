@@ -25,6 +25,7 @@ from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
+from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
 
 _STATE_KEYS = ("keys", "counts", "last_seen", "values", "counted_keys", "counted_counts",
@@ -165,6 +166,9 @@ class SparseEmbedding(keras.layers.Layer):
             store[key] = np.asarray(getattr(state, key))
         # As UTF-8 bytes of the comma-joined names: the store takes numeric arrays only.
         store["slot_names"] = np.frombuffer(",".join(state.slot_names).encode(), np.uint8)
+        world = self.embedding.world()
+        if world[1] > 1:   # one rank's shard (one process's files keep their layout)
+            store["world"] = np.asarray(world, np.int64)
 
     def load_own_variables(self, store):
         table = self.table
@@ -181,6 +185,9 @@ class SparseEmbedding(keras.layers.Layer):
             counted_counts=get["counted_counts"].astype(np.int32),
             clock=int(get["clock"]), optimizer_steps=int(get["optimizer_steps"]))
         source = f"the saved layer `{self.name}`"
+        saved = ([int(v) for v in np.asarray(store["world"])] if "world" in store.keys()
+                 else [0, 1])
+        (state,) = states_for_this_rank([state], saved, self.embedding.world(), source)
         table_state.check_fits(table, state, source)   # refused: nothing of the layer changes
         # Not super(): it expects the store to hold the Keras variables only.
         self.anchor.assign(np.asarray(store["0"]))

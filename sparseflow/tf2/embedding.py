@@ -33,6 +33,7 @@ from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
+from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
 
 # A processed batch carries one of these keys: its channel, readable at trace time (a key of
@@ -562,11 +563,12 @@ class Embedding(tf.Module):
         checkpoints keep the layout they always had): restore re-splits a one-process
         checkpoint over ranks and refuses one rank's shard where it would be taken for the
         whole table."""
-        rank, size = self._world()
+        rank, size = self.world()
         return [] if size == 1 else [f"{_WORLD_MARK}{rank}/{size}"]
 
-    def _world(self) -> list[int]:
-        """``[rank, size]`` of this Embedding's shard ([0, 1] in one process)."""
+    def world(self) -> list[int]:
+        """``[rank, size]`` of this Embedding's shard of its tables ([0, 1] in one
+        process)."""
         sharding = self._sharding
         return [0, 1] if sharding is None else [sharding.rank, sharding.world_size]
 
@@ -577,13 +579,6 @@ class Embedding(tf.Module):
                  if m.decode().startswith(_WORLD_MARK)]
         saved = ([int(v) for v in marks[0][len(_WORLD_MARK):].split("/")] if marks
                  else [0, 1])
-        rank, size = self._world()
-        if saved != [rank, size] and saved[1] != 1:
-            raise ValueError(
-                f"{source} is rank {saved[0]}'s shard of {saved[1]} ranks; this Embedding is "
-                f"rank {rank} of {size}. A checkpoint of the TF2 faces restores on the ranks "
-                f"that saved it, or, saved by one process, on any number of ranks; restoring "
-                f"shards on another number of ranks is not supported yet.")
         states = []
         for table in self._tables:
             name = table.table_name
@@ -598,9 +593,7 @@ class Embedding(tf.Module):
                                  if not s.decode().startswith(_WORLD_MARK)),
                 counted_keys=get("counted_keys"), counted_counts=get("counted_counts"),
                 clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps"))))
-        if saved[1] != size:   # one process's tables: this rank keeps the keys it owns
-            from sparseflow.distributed.sharding import rebucket
-            states = [rebucket([state], size)[rank] for state in states]
+        states = states_for_this_rank(states, saved, self.world(), source)
         # Every table checked before any changes: a refused one leaves all as they were.
         for table, state in zip(self._tables, states):
             table_state.check_fits(table, state, source)

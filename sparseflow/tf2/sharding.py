@@ -20,7 +20,6 @@ from sparseflow.distributed.sharding import PAD_KEY
 
 # Above the YAML trainer's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
-TIMEOUT_SECONDS = 300.0
 _ROUTE = ("route/send", "route/counts", "route/place", "route/gather", "route/sizes",
           "route/timestamp")
 
@@ -74,7 +73,9 @@ class BoundSharding:
         self.tables = tables
         self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
                                 sharding.world_size)
-        self.exchange = CountedExchange(sharding.world_size, TIMEOUT_SECONDS, TF2_GROUP_KEY)
+        from sparseflow.distributed.graph_world import collective_timeout
+        self.exchange = CountedExchange(sharding.world_size, collective_timeout(),
+                                        TF2_GROUP_KEY)
 
     def route(self, timestamp: tf.Tensor, ids: list, stamped: bool) -> dict:
         """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what
@@ -162,3 +163,33 @@ class BoundSharding:
         received = self.exchange.all_to_all(tf.reshape(to_owners, [n, -1, max_dim]))
         return tf.numpy_function(self.router.update, [batch["route/token"], received],
                                  tf.int64, stateful=True, name="sparseflow_tf2_owner_update")
+
+
+def states_for_this_rank(states: list, saved: list, current: list, source: str) -> list:
+    """The table states a checkpoint of the TF2 faces restores on this rank.
+
+    Args:
+      states: the checkpoint's ``TableState`` per table.
+      saved: ``[rank, size]`` of the shard the checkpoint holds (``[0, 1]``: one process's
+        whole tables).
+      current: ``[rank, size]`` here.
+      source: the checkpoint, for the message.
+
+    Returns:
+      ``states`` as they are on the ranks that saved them; a one-process checkpoint's
+      re-split by owner (the keys this rank owns).
+
+    Raises:
+      ValueError: one rank's shard restored on another rank or number of ranks (it would
+        be taken for the whole table, the other shards' keys lost).
+    """
+    if saved == current:
+        return states
+    if saved[1] != 1:
+        raise ValueError(
+            f"{source} is rank {saved[0]}'s shard of {saved[1]} ranks; this is rank "
+            f"{current[0]} of {current[1]}. A checkpoint of the TF2 faces restores on the "
+            f"ranks that saved it, or, saved by one process, on any number of ranks; "
+            f"restoring shards on another number of ranks is not supported yet.")
+    from sparseflow.distributed.sharding import rebucket
+    return [rebucket([state], current[1])[current[0]] for state in states]

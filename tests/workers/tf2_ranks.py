@@ -10,8 +10,9 @@ gradient is all-reduced with "sum" by the replica context; the loss the local ba
 over the global batch size. ``--keras``: table "b" is a sparseflow.keras.SparseEmbedding
 layer (its own sparse optimizer, applied in the backward pass) instead of an Embedding
 feature. ``--save-at K``: after global step K, every rank saves a tf.train.Checkpoint of the
-Embedding and the head to ``PREFIX-rank{r}``; ``--restore PATH --start K``: restore one and
-train steps K+1..STEPS. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
+Embedding and the head to ``PREFIX-rank{r}`` (with ``--keras``, the layer's saved variables to
+``PREFIX-rank{r}-layer.npz``); ``--restore PATH --start K``: restore one (the layer's first)
+and train steps K+1..STEPS. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
 table, sorted by key.
 """
 
@@ -83,12 +84,19 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
 
     checkpoint = tf.train.Checkpoint(embedding=embedding, w=w)
     if restore:
+        if layer is not None:
+            layer.build((None, 3))
+            layer.load_own_variables(dict(np.load(f"{restore}-layer.npz")))
         checkpoint.read(restore).assert_consumed()
     losses = []
     for index, element in enumerate(ds, start=start + 1):
         losses.append(float(step(*element)))
         if index == save_at:
             checkpoint.write(f"{save_to}-rank{ranks.rank}")
+            if layer is not None:
+                store = {}
+                layer.save_own_variables(store)
+                np.savez(f"{save_to}-rank{ranks.rank}-layer.npz", **store)
     out = {"losses": np.asarray(losses), "w": w.numpy()}
     tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
     for table in tables:
