@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from sparseflow.distributed.batch_exchange import BatchExchange
 from sparseflow.distributed.routing import KeyRouter
-from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.pipeline.graph_cache import graph_cache
 
 _ROUTE = "__sparseflow__/route/"
@@ -154,110 +154,50 @@ def _batch_embeddings(rt, batch: dict, plan) -> dict:
     return cache[send.name]
 
 
-class _BatchExchange:
-    """One batch's keys to their owners and rows back, and (:meth:`owner_gradients`) the
-    gradients of those rows to the owners: the collectives and owner-side numpy functions
-    of one insert plan's batch."""
+def _exchange(rt, batch: dict, plan) -> BatchExchange:
+    """The exchange of one batch of ``plan`` (graph programs: its keys are released after
+    the read unless a gradient of its rows is built)."""
+    send, counts, place, _, _, timestamp = (batch[_key(p, plan)] for p in _PARTS)
+    return BatchExchange(router(rt, plan), rt.world.exchange(send.graph), send, counts,
+                         place, timestamp, plan.is_training,
+                         plan.timestamp is not None and plan.is_training)
 
-    def __init__(self, rt, batch: dict, plan):
-        self.send, self.counts, self.place, self.gather, self.sizes, self.timestamp = (
-            batch[_key(p, plan)] for p in _PARTS)
-        self.route = router(rt, plan)
-        self.world = rt.world
-        self.exchange = self.world.exchange(self.send.graph)
-        self.train = plan.is_training
-        self.stamped = plan.timestamp is not None and self.train
-        self.tables = self.route.tables
-        self.specs = [s for group in plan.tables.values() for s in group]
-        # Set when a gradient of this batch's rows is built (graph construction, before any
-        # step runs): until then a training batch's keys are released right after the read.
-        self.gradient = False
 
-    def forward(self):
-        """``(unique [U, max_dim], has_row bool [U])`` of every table's unique keys, one
-        table after another (KeyRouter's ``place`` order)."""
-        route, world, max_dim = self.route, self.world, self.route.max_dim
+def _spec_indices(batch: dict, plan) -> list:
+    """Per spec (plan order), each key's index into the exchange's rows."""
+    gather, sizes = batch[_key("gather", plan)], batch[_key("sizes", plan)]
+    n_tables, specs = len(plan.tables), [s for group in plan.tables.values() for s in group]
+    return tf.split(gather, sizes[n_tables:], num=len(specs))
 
-        @tf.autograph.experimental.do_not_convert
-        def process(received, received_counts, step_time):
-            return route.process(received, received_counts,
-                                 int(step_time) if self.stamped else None, self.train)
 
-        @tf.autograph.experimental.do_not_convert
-        def read(token):
-            return route.gather(token, keep=self.gradient, flags=True)
-
-        received, received_counts, step_time = self.exchange.all_to_all_dynamic(
-            self.send, self.counts, PAD_KEY, self.timestamp)
-        self.m = tf.shape(received)[1]
-        self.token = tf.numpy_function(process, [received, received_counts, step_time],
-                                       tf.int64, stateful=True, name="sparseflow_owner_keys")
-        reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
-                                  name="sparseflow_owner_gather")
-        reply = tf.ensure_shape(reply, [world.size, None, max_dim + 1])
-        back = self.exchange.all_to_all(reply)
-        self.where = self.place[:, 0] * self.m + self.place[:, 1]
-        both = tf.gather(tf.reshape(back, [-1, max_dim + 1]), self.where)
-        return both[:, :max_dim], both[:, max_dim] > 0.5
-
-    def owner_gradients(self, dy: tf.Tensor) -> list:
-        """``dy`` (float32 ``[U, max_dim]``, the gradient of :meth:`forward`'s rows) sent to
-        the owners; per table the ``IndexedSlices`` its optimizer applies there: each key's
-        gradients from every rank summed, at the key's row (-1: none)."""
-        self.gradient = True
-        world, max_dim, route = self.world, self.route.max_dim, self.route
-        to_owners = tf.scatter_nd(self.where[:, None], dy,
-                                  tf.stack([world.size * self.m, max_dim]))
-        received = self.exchange.all_to_all(tf.reshape(to_owners, [world.size, -1, max_dim]))
-
-        @tf.autograph.experimental.do_not_convert
-        def summed(token, grads):
-            return [a for rows, g in route.sum_gradients(token, grads) for a in (rows, g)]
-
-        outs = tf.numpy_function(summed, [self.token, received],
-                                 [tf.int32, tf.float32] * len(self.tables), stateful=True,
-                                 name="sparseflow_owner_gradients")
-        slices = []
-        for t, table in enumerate(self.tables):
-            rows, values = outs[2 * t], outs[2 * t + 1]
-            rows.set_shape([None])
-            values.set_shape([None, table.dim])
-            slices.append(tf.IndexedSlices(
-                values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))
-        return slices
-
-    def spec_indices(self) -> list:
-        """Per spec (plan order), each key's index into :meth:`forward`'s rows."""
-        n_tables = len(self.tables)
-        return tf.split(self.gather, self.sizes[n_tables:], num=len(self.specs))
-
-    def table_bounds(self) -> list:
-        """Per table, ``(start, end)`` of its unique keys among :meth:`forward`'s rows."""
-        ends = tf.cumsum(tf.cast(self.sizes[:len(self.tables)], tf.int32))
-        return [(ends[t] - tf.cast(self.sizes[t], tf.int32), ends[t])
-                for t in range(len(self.tables))]
+def _table_bounds(batch: dict, plan) -> list:
+    """Per table (plan order), ``(start, end)`` of its unique keys among the rows."""
+    sizes = tf.cast(batch[_key("sizes", plan)][:len(plan.tables)], tf.int32)
+    ends = tf.cumsum(sizes)
+    return [(ends[t] - sizes[t], ends[t]) for t in range(len(plan.tables))]
 
 
 def _build(rt, batch: dict, plan) -> dict:
     """Every spec's embeddings of one batch (flat ``[n_keys, dim]``, by unique name)."""
-    ex = _BatchExchange(rt, batch, plan)
+    ex = _exchange(rt, batch, plan)
     if ex.train:
         flags = []   # the row flags, which carry no gradient, leave through this list
 
         @tf.custom_gradient
         def exchanged(*anchors):
             del anchors  # only carry the gradients to the tables
-            unique, has_row = ex.forward()
+            unique, has_row = ex.forward(flags=True)
             flags.append(has_row)
             return unique, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
 
-        unique = exchanged(*[t.gradient_anchor() for t in ex.tables])
+        unique = exchanged(*[t.gradient_anchor() for t in ex.router.tables])
         has_row = flags[0]
     else:
-        unique, has_row = ex.forward()
+        unique, has_row = ex.forward(flags=True)
+    specs = [s for group in plan.tables.values() for s in group]
     return {spec.unique_name: (tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece),
                                tf.gather(has_row, piece))
-            for spec, piece in zip(ex.specs, ex.spec_indices())}
+            for spec, piece in zip(specs, _spec_indices(batch, plan))}
 
 
 # -- automatic graph modification (modify_graph=True) ----------------------------------------
@@ -325,26 +265,28 @@ def connect_rewritten(rt, batch: dict, plan, lazy_tables: dict, restores: dict) 
     """
     from sparseflow.pipeline.graph_modifier import rewire
 
-    ex = _BatchExchange(rt, batch, plan)
-    unique, has_row = ex.forward()
-    bounds = ex.table_bounds()
-    for t, table in enumerate(ex.tables):
+    ex = _exchange(rt, batch, plan)
+    unique, has_row = ex.forward(flags=True)
+    bounds = _table_bounds(batch, plan)
+    tables = ex.router.tables
+    for t, table in enumerate(tables):
         lazy = lazy_tables[table.table_name]
         start, end = bounds[t]
         rewire(lazy.unique, unique[start:end, :table.dim])
         rewire(lazy.has_row, has_row[start:end])
-    table_index = {table.table_name: t for t, table in enumerate(ex.tables)}
-    for spec, piece in zip(ex.specs, ex.spec_indices()):
+    table_index = {table.table_name: t for t, table in enumerate(tables)}
+    specs = [s for group in plan.tables.values() for s in group]
+    for spec, piece in zip(specs, _spec_indices(batch, plan)):
         rewire(restores[spec.unique_name], piece - bounds[table_index[spec.table_name]][0])
-    if any(lazy_tables[t.table_name].dys for t in ex.tables):
-        max_dim = ex.route.max_dim
+    if any(lazy_tables[t.table_name].dys for t in tables):
+        max_dim = ex.router.max_dim
         parts = []
-        for t, table in enumerate(ex.tables):
+        for t, table in enumerate(tables):
             start, end = bounds[t]
             dys = lazy_tables[table.table_name].dys
             dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
             parts.append(tf.pad(dy, [[0, 0], [0, max_dim - table.dim]]))
-        for table, grad in zip(ex.tables, ex.owner_gradients(tf.concat(parts, 0))):
+        for table, grad in zip(tables, ex.owner_gradients(tf.concat(parts, 0))):
             lazy = lazy_tables[table.table_name]
             rewire(lazy.grad_rows, grad.indices)
             rewire(lazy.grad_values, grad.values)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparseflow.distributed.batch_exchange import BatchExchange
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
 from sparseflow.distributed.routing import KeyRouter
-from sparseflow.distributed.sharding import PAD_KEY
 
 # Above the YAML trainer's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
@@ -104,38 +104,17 @@ class BoundSharding:
 
     def embeddings(self, batch: dict, training: bool, dims: list[int]) -> list:
         """Each feature's embeddings (float32 ``[n_ids, dim]``, feature order) of a routed
-        batch; for training, what :meth:`update` needs stays in ``batch``."""
-        router, exchange, max_dim = self.router, self.exchange, self.router.max_dim
-        stamped = training and "route/stamped" in batch
-        received, received_counts, step_time = exchange.all_to_all_dynamic(
-            batch["route/send"], batch["route/counts"], PAD_KEY, batch["route/timestamp"])
-
-        @tf.autograph.experimental.do_not_convert
-        def process(received, received_counts, step_time):
-            return router.process(received, received_counts,
-                                  int(step_time) if stamped else None, training)
-
-        token = tf.numpy_function(process, [received, received_counts, step_time], tf.int64,
-                                  stateful=True, name="sparseflow_tf2_owner_keys")
-
-        @tf.autograph.experimental.do_not_convert
-        def read(token):
-            return router.gather(token, keep=training)
-
-        reply = tf.ensure_shape(
-            tf.numpy_function(read, [token], tf.float32, stateful=True,
-                              name="sparseflow_tf2_owner_gather"),
-            [self.world_size, None, max_dim])
-        back = exchange.all_to_all(reply)
-        m = tf.shape(received)[1]
-        place = batch["route/place"]
-        where = place[:, 0] * m + place[:, 1]
-        unique = tf.gather(tf.reshape(back, [-1, max_dim]), where)
-        pieces = self._pieces(batch)
+        batch; for training, the batch's exchange stays in ``batch`` for :meth:`update`."""
+        exchange = BatchExchange(
+            self.router, self.exchange, batch["route/send"], batch["route/counts"],
+            batch["route/place"], batch["route/timestamp"], training,
+            training and "route/stamped" in batch, keep=training)
+        unique, _ = exchange.forward(flags=False)
         if training:
-            batch["route/token"], batch["route/m"], batch["route/where"] = token, m, where
+            batch["route/exchange"] = exchange
             batch["route/unique"] = tf.shape(unique)[0]
-        return [tf.gather(unique[:, :dim], piece) for dim, piece in zip(dims, pieces)]
+        return [tf.gather(unique[:, :dim], piece)
+                for dim, piece in zip(dims, self._pieces(batch))]
 
     def _pieces(self, batch: dict) -> list:
         n_tables = len(self.tables)
@@ -150,19 +129,15 @@ class BoundSharding:
         Raises:
           RuntimeError: the batch's embeddings were not read for training first.
         """
-        if "route/token" not in batch:
+        if "route/exchange" not in batch:
             raise RuntimeError("Embedding.update() needs the batch's activations read for "
                                "training first (dequeue, or activations(training=True)).")
-        max_dim, n = self.router.max_dim, self.world_size
+        max_dim = self.router.max_dim
         dy = tf.zeros(tf.stack([batch["route/unique"], max_dim]))
         for grad, piece in zip(per_id, self._pieces(batch)):
             grad = tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
             dy += tf.math.unsorted_segment_sum(grad, piece, batch["route/unique"])
-        m = batch["route/m"]
-        to_owners = tf.scatter_nd(batch["route/where"][:, None], dy, tf.stack([n * m, max_dim]))
-        received = self.exchange.all_to_all(tf.reshape(to_owners, [n, -1, max_dim]))
-        return tf.numpy_function(self.router.update, [batch["route/token"], received],
-                                 tf.int64, stateful=True, name="sparseflow_tf2_owner_update")
+        return batch["route/exchange"].apply_at_owners(dy)
 
 
 def states_for_this_rank(states: list, saved: list, current: list, source: str) -> list:

@@ -1,0 +1,109 @@
+"""One routed batch among the ranks, for every face: its keys to their owners and rows back,
+then the rows' gradients to the owners.
+
+A batch's keys were laid out by owner by ``KeyRouter.route`` (in the ``tf.data`` map);
+:meth:`BatchExchange.forward` exchanges them (counts, the agreed width, keys), runs the
+owners' key processing (``KeyRouter.process``: admission, timestamps, allocation) and reads
+the rows back; :meth:`BatchExchange.to_owners` sends a gradient of those rows back to their
+owners, where ``KeyRouter.sum_gradients`` (Session faces: the user's sparse optimizer applies
+it) or ``KeyRouter.update`` (TF2 faces: applied there) takes it.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from sparseflow.distributed.sharding import PAD_KEY
+
+
+class BatchExchange:
+    """The collectives and owner-side numpy functions of one routed batch.
+
+    Args:
+      router: the ``KeyRouter`` of this rank's shards.
+      exchange: the ``Exchange`` the collectives run on.
+      send, counts, place, timestamp: the batch's routed keys (``KeyRouter.route``'s send
+        buffer ``[N, width, 2]``, counts ``[N, T]``, places ``[U, 2]``) and its int64
+        timestamp.
+      train: count, admit and allocate (training) or only read.
+      stamped: the timestamp is a time (eviction); else it is ignored.
+      keep: a training batch's keys stay pending for a gradient from the start (the TF2
+        faces); otherwise only once :meth:`to_owners` has been built (graph programs: a
+        training lookup without a gradient releases its keys at once).
+    """
+
+    def __init__(self, router, exchange, send, counts, place, timestamp, train: bool,
+                 stamped: bool, keep: bool = False):
+        self.router, self.exchange = router, exchange
+        self.send, self.counts, self.place, self.timestamp = send, counts, place, timestamp
+        self.train, self.stamped = train, stamped
+        self.gradient = keep
+        self.token = self.m = self.where = None
+
+    def forward(self, flags: bool):
+        """Every table's unique keys' rows, one table after another (``place`` order):
+        float32 ``[U, max_dim]``, and with ``flags`` whether each key owns a row (bool
+        ``[U]``; else None)."""
+        router, max_dim = self.router, self.router.max_dim
+        width = max_dim + int(flags)
+
+        @tf.autograph.experimental.do_not_convert
+        def process(received, received_counts, step_time):
+            return router.process(received, received_counts,
+                                  int(step_time) if self.stamped else None, self.train)
+
+        @tf.autograph.experimental.do_not_convert
+        def read(token):
+            return router.gather(token, keep=self.gradient, flags=flags)
+
+        received, received_counts, step_time = self.exchange.all_to_all_dynamic(
+            self.send, self.counts, PAD_KEY, self.timestamp)
+        self.m = tf.shape(received)[1]
+        self.token = tf.numpy_function(process, [received, received_counts, step_time],
+                                       tf.int64, stateful=True, name="sparseflow_owner_keys")
+        reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
+                                  name="sparseflow_owner_gather")
+        reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
+        back = self.exchange.all_to_all(reply)
+        self.where = self.place[:, 0] * self.m + self.place[:, 1]
+        rows = tf.gather(tf.reshape(back, [-1, width]), self.where)
+        return rows[:, :max_dim], (rows[:, max_dim] > 0.5 if flags else None)
+
+    def to_owners(self, dy: tf.Tensor) -> tf.Tensor:
+        """``dy`` (float32 ``[U, max_dim]``, a gradient of :meth:`forward`'s rows) sent to
+        the keys' owners: float32 ``[N, m, max_dim]`` in the layout the owner received the
+        keys in (``KeyRouter.sum_gradients`` / ``update`` take it with :attr:`token`)."""
+        self.gradient = True
+        n, max_dim = self.exchange.world_size, self.router.max_dim
+        scattered = tf.scatter_nd(self.where[:, None], dy, tf.stack([n * self.m, max_dim]))
+        return self.exchange.all_to_all(tf.reshape(scattered, [n, -1, max_dim]))
+
+    def owner_gradients(self, dy: tf.Tensor) -> list:
+        """Per table, the ``IndexedSlices`` its sparse optimizer applies at the owner: each
+        key's gradients from every rank summed, at the key's row (-1: none)."""
+        router, tables = self.router, self.router.tables
+        received = self.to_owners(dy)
+
+        @tf.autograph.experimental.do_not_convert
+        def summed(token, grads):
+            return [a for rows, g in router.sum_gradients(token, grads) for a in (rows, g)]
+
+        outs = tf.numpy_function(summed, [self.token, received],
+                                 [tf.int32, tf.float32] * len(tables), stateful=True,
+                                 name="sparseflow_owner_gradients")
+        slices = []
+        for t, table in enumerate(tables):
+            rows, values = outs[2 * t], outs[2 * t + 1]
+            rows.set_shape([None])
+            values.set_shape([None, table.dim])
+            slices.append(tf.IndexedSlices(
+                values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))
+        return slices
+
+    def apply_at_owners(self, dy: tf.Tensor) -> tf.Tensor:
+        """``dy`` sent to the owners, which sum each key's gradients over the ranks and apply
+        the table's optimizer once (``KeyRouter.update``). Returns the update's output
+        (int64), for control dependencies."""
+        received = self.to_owners(dy)
+        return tf.numpy_function(self.router.update, [self.token, received], tf.int64,
+                                 stateful=True, name="sparseflow_owner_update")
