@@ -54,14 +54,14 @@ def latest_checkpoint(checkpoint_dir: str) -> str | None:
         return None
     # get_checkpoint_state already resolves relative paths against checkpoint_dir.
     for prefix in reversed(list(state.all_model_checkpoint_paths)):
-        if tf.compat.v1.train.checkpoint_exists(prefix) and _every_shard_written(prefix):
+        if tf.compat.v1.train.checkpoint_exists(prefix) and every_shard_written(prefix):
             return prefix
     return None
 
 
-def _every_shard_written(prefix: str) -> bool:
-    """Whether the sparse part of ``prefix`` exists, and, saved by several ranks, every
-    rank's shard."""
+def every_shard_written(prefix: str) -> bool:
+    """Whether the sparse part of checkpoint ``prefix`` is complete (its manifest written)
+    and, saved by several ranks, every rank's shard listed in it."""
     directory = sparse_path(prefix)
     try:
         world = fmt.read_manifest(directory).get("world")
@@ -244,9 +244,7 @@ class Saver:
             # latest checkpoint next (the Estimator's evaluation) finds this one whole.
             self._shard_paths.barrier(sess)
             from sparseflow.distributed import graph_world
-            parent = os.path.dirname(os.path.abspath(sparse_path(prefix)))
-            graph_world.record_checkpoint(written, [os.path.join(parent, p)
-                                                    for p in shards["shards"]])
+            graph_world.record_checkpoint(written)
         return written
 
     def _save_sparse(self, final: str, incremental: bool, sess, shards=None) -> None:

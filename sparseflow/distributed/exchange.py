@@ -135,16 +135,7 @@ class RunKeyedExchange(Exchange):
         self._groups = groups
 
     def _id(self):
-        runs = itertools.count(1)
-
-        @tf.autograph.experimental.do_not_convert
-        def next_run():
-            return np.int32(next(runs) % INT32_MAX)
-
-        key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
-                                name="sparseflow_collective_key")
-        key.set_shape([])
-        return self._groups(), key
+        return self._groups(), _counted_key(itertools.count(1))
 
 
 # The instance keys of CountedExchange: one counter for every exchange of the process.
@@ -170,11 +161,17 @@ class CountedExchange(Exchange):
         self.group_key = group_key
 
     def _id(self):
-        @tf.autograph.experimental.do_not_convert
-        def next_run():
-            return np.int32(next(_COUNTED_RUNS) % INT32_MAX)
+        return self.group_key, _counted_key(_COUNTED_RUNS)
 
-        key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
-                                name="sparseflow_collective_key")
-        key.set_shape([])
-        return self.group_key, key
+
+def _counted_key(runs) -> tf.Tensor:
+    """An int32 scalar instance key: the next count of ``runs``, taken each time the op
+    runs."""
+    @tf.autograph.experimental.do_not_convert
+    def next_run():
+        return np.int32(next(runs) % INT32_MAX)
+
+    key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
+                            name="sparseflow_collective_key")
+    key.set_shape([])
+    return key

@@ -23,6 +23,8 @@ import functools
 import itertools
 import threading
 
+import tensorflow as tf
+
 from sparseflow.distributed.cluster import World, address_in_use, world_from_env
 from sparseflow.distributed.exchange import RunKeyedExchange
 from sparseflow.distributed.ranks import Ranks
@@ -59,8 +61,9 @@ def collective_timeout(environ=None) -> float:
     return value
 
 
-class RankLostError(Exception):
-    """Marker base; see :func:`rank_lost_error`."""
+class RankLostError(tf.errors.DeadlineExceededError):
+    """A collective among the ranks did not complete: another rank died, hung or left
+    (see :func:`rank_lost_error`)."""
 
 
 def rank_lost_error(err, world: "GraphWorld"):
@@ -68,8 +71,6 @@ def rank_lost_error(err, world: "GraphWorld"):
     is presumed lost, and the last checkpoint every rank completed. A
     ``tf.errors.DeadlineExceededError`` (not the preemption errors a MonitoredSession
     would recreate its session on, waiting for a peer that is gone)."""
-    import tensorflow as tf
-
     last = last_complete_checkpoint()
     lines = [line.strip() for line in err.message.splitlines() if line.strip()]
     cause = next((line for line in lines if "ollective" in line), lines[0] if lines else "")
@@ -79,28 +80,22 @@ def rank_lost_error(err, world: "GraphWorld"):
                f"rank completed: "
                + (f"{last} (restore it on a rerun to resume)." if last else "none.")
                + f" Cause: {type(err).__name__}: {cause}")
-    lost = type("RankLostError", (tf.errors.DeadlineExceededError, RankLostError), {})
-    return lost(err.node_def, err.op, message)
+    return RankLostError(err.node_def, err.op, message)
 
 
 _CHECKPOINTS: list = []
 
 
-def record_checkpoint(prefix: str, shards: list) -> None:
-    """A Saver of this rank wrote the checkpoint ``prefix``, whose sparse shards (every
-    rank's directory) are ``shards``."""
-    _CHECKPOINTS.append((prefix, list(shards)))
+def record_checkpoint(prefix: str) -> None:
+    """A Saver of this rank wrote the checkpoint ``prefix`` (for :func:`rank_lost_error`)."""
+    _CHECKPOINTS.append(prefix)
 
 
 def last_complete_checkpoint() -> str | None:
-    """The newest checkpoint this rank saved whose every shard is complete (its manifest
-    written), or None."""
-    import os
+    """The newest checkpoint this rank saved whose every shard is complete, or None."""
+    from sparseflow.checkpoint.saver import every_shard_written
 
-    for prefix, shards in reversed(_CHECKPOINTS):
-        if all(os.path.exists(os.path.join(path, "manifest.json")) for path in shards):
-            return prefix
-    return None
+    return next((p for p in reversed(_CHECKPOINTS) if every_shard_written(p)), None)
 
 
 @dataclasses.dataclass
@@ -119,8 +114,6 @@ class GraphWorld:
 
     def session_config(self, config=None):
         """``config`` (a ``ConfigProto`` or None) with what graph collectives need."""
-        import tensorflow as tf
-
         merged = tf.compat.v1.ConfigProto()
         if config is not None:
             merged.CopyFrom(config)
@@ -134,8 +127,6 @@ class GraphWorld:
     def exchange(self, graph=None) -> "GraphExchange":
         """The collectives (a :class:`GraphExchange`, one per graph) that ops built in
         ``graph`` (default: the current one) run among the ranks."""
-        import tensorflow as tf
-
         graph = graph or tf.compat.v1.get_default_graph()
         cache = graph_cache(graph, "graph_exchange")
         if "exchange" not in cache:
@@ -211,8 +202,6 @@ def _start_server(world: World, environ=None):
     import json
     import os
 
-    import tensorflow as tf
-
     environ = os.environ if environ is None else environ
     cluster = tf.train.ClusterSpec(json.loads(environ["TF_CONFIG"])["cluster"])
     config = tf.compat.v1.ConfigProto()
@@ -230,7 +219,6 @@ def _start_server(world: World, environ=None):
 def _bind_sessions(world: GraphWorld) -> None:
     """Sessions created with no target from now on run on ``world``'s server; a run whose
     collective fails says that a rank was lost (:func:`rank_lost_error`)."""
-    import tensorflow as tf
     from tensorflow.python.client import session
 
     original = session.Session.__init__
