@@ -20,7 +20,6 @@ estimator/session (target >= 0.95).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -139,37 +138,23 @@ def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    from report import rounds_parser
-    parser = rounds_parser(__doc__.splitlines()[0], ("estimator", "session"))
-    args = parser.parse_args()
-    if args.rounds < 3 and args.write:
-        parser.error("--write needs --rounds >= 3 (the result is a median)")
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.batch, args.warmup, args.steps)))
+    from report import ratio_main
+    out = ratio_main(__file__, __doc__.splitlines()[0], "estimator", "session", worker)
+    if out is None:
         return
-
-    load_start, started = os.getloadavg()[0], time.monotonic()
-    from report import alternating_rounds
-    runs = alternating_rounds(__file__, ("estimator", "session"), args, args.rounds)
-    from report import compare
-    result = compare(runs, "estimator", "session")
-    ratio = result["ratio"]
+    ratio = out["result"]["ratio"]
     verdict = "met" if ratio >= 0.95 else "missed"
     print(f"estimator/session throughput: {ratio:.3f} (target >= 0.95: {verdict})")
-    if args.write:
-        minutes = (time.monotonic() - started) / 60
-        write_section(args, result, verdict, load_start, minutes)
+    if out["args"].write:
+        write_section(out["args"], out["result"], verdict, out["header"])
 
 
-def write_section(args, result, verdict, load_start, minutes) -> None:
-    import tensorflow as tf
-    from report import machine_line, replace_section
+def write_section(args, result, verdict, header) -> None:
+    from report import replace_section
     ratio, per_round, rows = result["ratio"], result["per_round"], result["rows"]
     replace_section(f"""{SECTION}
 
-Command: `.venv/bin/python benchmarks/bench_estimator.py --rounds {args.rounds} --steps {args.steps} --write` ({minutes:.0f} min: {args.rounds} rounds, each variant in its own process, the order alternating; without `--write` it only prints).
-
-Machine: {machine_line(TF=tf.__version__, numpy=np.__version__)}. Load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (other jobs share the machine).
+{header}
 
 Workload: the model of the facade benchmark above (little_demo's tables and lookups, MLP 256-128, Adam and lazy Adam), batches of {args.batch} rows, FeatureSpec mode. `session` builds the graph by hand and runs a `tf.compat.v1.Session` loop; `estimator` builds the same graph from a `model_fn` and `input_fn` and runs `sparseflow.estimator.Estimator.train` with `RunConfig`'s defaults (a log line and summaries every 100 steps, checkpoints every 600 s) through `MonitoredSession` and the Estimator's hooks. {args.warmup} warm-up steps, then {args.steps} timed steps per round (the Estimator's by a hook, so its checkpoints at session creation and at the end are outside the window).
 

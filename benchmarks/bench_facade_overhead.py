@@ -24,7 +24,6 @@ target <= 5%).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -161,38 +160,24 @@ def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    from report import rounds_parser
-    parser = rounds_parser(__doc__.splitlines()[0], ("facade", "native"))
-    args = parser.parse_args()
-    if args.rounds < 3 and args.write:
-        parser.error("--write needs --rounds >= 3 (the result is a median)")
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.batch, args.warmup, args.steps)))
+    from report import ratio_main
+    out = ratio_main(__file__, __doc__.splitlines()[0], "facade", "native", worker)
+    if out is None:
         return
-
-    load_start, started = os.getloadavg()[0], time.monotonic()
-    from report import alternating_rounds
-    runs = alternating_rounds(__file__, ("facade", "native"), args, args.rounds)
-    from report import compare
-    result = compare(runs, "facade", "native")
-    ratio = result["ratio"]
+    ratio = out["result"]["ratio"]
     verdict = "met" if 1 - ratio <= 0.05 else "missed"
     print(f"facade/native throughput: {ratio:.3f} (overhead {100 * (1 - ratio):.1f}%, "
           f"target <= 5%: {verdict})")
-    if args.write:
-        minutes = (time.monotonic() - started) / 60
-        write_section(args, result, verdict, load_start, minutes)
+    if out["args"].write:
+        write_section(out["args"], out["result"], verdict, out["header"])
 
 
-def write_section(args, result, verdict, load_start, minutes) -> None:
-    import tensorflow as tf
-    from report import machine_line, replace_section
+def write_section(args, result, verdict, header) -> None:
+    from report import replace_section
     ratio, per_round, rows = result["ratio"], result["per_round"], result["rows"]
     replace_section(f"""{SECTION}
 
-Command: `.venv/bin/python benchmarks/bench_facade_overhead.py --rounds {args.rounds} --steps {args.steps} --write` ({minutes:.0f} min: {args.rounds} rounds, each variant in its own process, the order alternating; without `--write` it only prints).
-
-Machine: {machine_line(TF=tf.__version__, numpy=np.__version__)}. Load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (other jobs share the machine).
+{header}
 
 Workload: Rec SDK's little demo in run.sh's default mode (FeatureSpec mode, HBM, dynamic shapes, USE_MULTI_LOOKUP=1, MULTI_LOOKUP_TIMES=2): batches of {args.batch} rows, `user_ids` [B, 8] over 200,000 keys read by three lookups of a dim-32 table, `item_ids` [B, 16] over 80,000 keys read by a dim-8 table; MLP 256-128 with two heads, the first trained (Adam, lazy Adam). `facade` builds it as a Rec SDK program does, through `mx_rec` (NpuOptimizer session config, optimizers bound at `create_table(optimizer_list=...)`, `start_asc_pipeline()` before the sparse `apply_gradients`); `native` builds the same graph with `import sparseflow as sf` in a process that never imports `mx_rec`. {args.warmup} warm-up steps, then {args.steps} timed steps per round.
 

@@ -113,3 +113,43 @@ def compare(runs: dict, numerator: str, denominator: str) -> dict:
         for v in (numerator, denominator))
     return {"ratios": ratios, "ratio": statistics.median(ratios),
             "per_round": ", ".join(f"{x:.3f}" for x in ratios), "rows": rows}
+
+
+def ratio_main(script: str, description: str, numerator: str, denominator: str, worker):
+    """The whole command line of a benchmark of two variants and their throughput ratio:
+    parses ``rounds_parser``'s arguments; as ``--worker VARIANT`` prints ``worker(variant,
+    batch, warmup, steps)`` as JSON and returns None; otherwise runs the rounds
+    (``alternating_rounds``) and returns what the caller reports.
+
+    Returns:
+      None (a worker), or dict with ``args``, ``result`` (:func:`compare`'s), ``header``
+      (the section's Command and Machine lines) for the caller's BENCHMARKS.md section.
+
+    Raises:
+      SystemExit: ``--write`` with fewer than 3 rounds (the result is a median).
+    """
+    import json
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    variants = (numerator, denominator)
+    parser = rounds_parser(description, variants)
+    args = parser.parse_args()
+    if args.rounds < 3 and args.write:
+        parser.error("--write needs --rounds >= 3 (the result is a median)")
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.batch, args.warmup, args.steps)))
+        return None
+    load_start, started = os.getloadavg()[0], time.monotonic()
+    runs = alternating_rounds(script, variants, args, args.rounds)
+    minutes = (time.monotonic() - started) / 60
+    name = os.path.basename(script)
+    header = (f"Command: `.venv/bin/python benchmarks/{name} --rounds {args.rounds} --steps "
+              f"{args.steps} --write` ({minutes:.0f} min: {args.rounds} rounds, each variant "
+              f"in its own process, the order alternating; without `--write` it only "
+              f"prints).\n\nMachine: {machine_line(TF=tf.__version__, numpy=np.__version__)}. "
+              f"Load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+              f"end (other jobs share the machine).")
+    return {"args": args, "result": compare(runs, numerator, denominator), "header": header}
