@@ -46,3 +46,37 @@ def test_exchange_arguments_are_checked():
         Exchange(0)
     with pytest.raises(ValueError, match=r"Argument `timeout_seconds`"):
         Exchange(2, timeout_seconds=0)
+
+
+def test_a_graph_collective_takes_no_instance_key_in_a_step_whose_batch_never_comes(
+        monkeypatch):
+    """The end of the data (OutOfRangeError) in a step with an exchange of a statically
+    shaped batch: no collective may take its run's key and launch (its counts and width are
+    known without the batch), or a peer's step, aborted at the same end of data, would
+    leave it half done and the ranks' key counts apart."""
+    import itertools
+
+    import numpy as np
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+
+    taken = []
+
+    def counter(start):
+        for key in itertools.count(start):
+            taken.append(key)
+            yield key
+
+    monkeypatch.setattr(exchange_module, "_run_counter", counter)
+    groups = itertools.count(7001)
+    with tf.Graph().as_default():
+        ex = exchange_module.RunKeyedExchange(2, 0.5, lambda: next(groups))
+        data = tf.data.Dataset.from_tensors(np.zeros([2, 3], np.int64)).take(0)
+        batch = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
+        assert batch.shape.as_list() == [2, 3]          # static: its width is a constant
+        received, _, _ = ex.all_to_all_dynamic(batch, tf.constant([3, 3]))
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(received)
+    assert taken == []

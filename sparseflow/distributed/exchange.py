@@ -44,20 +44,22 @@ class Exchange:
         self._instance = tf.Variable(FIRST_INSTANCE_KEY, dtype=tf.int32, trainable=False,
                                      name="sparseflow_collective_instance")
 
-    def _keys(self, n: int):
-        last = self._instance.assign_add(n)
+    def _keys(self, n: int, after: tf.Tensor | None = None):
+        with tf.control_dependencies(_ready(after)):
+            last = self._instance.assign_add(n)
         return [last - n + 1 + i for i in range(n)]
 
-    def _id(self):
-        """The next collective's ``(group_key, instance_key)``."""
-        return self.group_key, self._keys(1)[0]
+    def _id(self, after: tf.Tensor | None = None):
+        """The next collective's ``(group_key, instance_key)``, the key taken once ``after``
+        (the data the collective waits for) is computed."""
+        return self.group_key, self._keys(1, after)[0]
 
     def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
         worker r. Same shape on every worker. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id()
+        group, key = self._id(after=x)
         return tf.raw_ops.CollectiveAllToAllV2(
             input=x, group_size=self.world_size, group_key=group, instance_key=key,
             ordering_token=[], communication_hint="auto",
@@ -71,7 +73,7 @@ class Exchange:
             raise ValueError(f"Argument `op` must be Add, Max, Min or Mul; received: {op!r}")
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id()
+        group, key = self._id(after=x)
         return tf.raw_ops.CollectiveReduceV2(
             input=x, group_size=self.world_size, group_key=group, instance_key=key,
             ordering_token=[], merge_op=op, final_op="Id",
@@ -82,7 +84,7 @@ class Exchange:
         order. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id()
+        group, key = self._id(after=x)
         return tf.raw_ops.CollectiveGatherV2(
             input=x, group_size=self.world_size, group_key=group, instance_key=key,
             ordering_token=[], timeout_seconds=self.timeout_seconds)
@@ -103,12 +105,17 @@ class Exchange:
           (received ``[world_size, m, ...]``, received counts int32 shaped as ``counts``, the
           largest ``also_max`` (int64; -1 without one)).
         """
-        counts = tf.cast(counts, tf.int32)
+        x = tf.convert_to_tensor(x)
+        # The counts and the width (a constant when x's shape is static) wait for x: a step
+        # whose batch never arrives (the end of the data) then launches no collective on any
+        # rank, instead of one that a peer's aborted step leaves half done.
+        with tf.control_dependencies([x]):
+            counts = tf.identity(tf.cast(counts, tf.int32))
+            width = tf.identity(tf.cast(tf.shape(x)[1], tf.int64))
         rows = tf.reshape(counts, [self.world_size, -1])
         received_counts = tf.reshape(self.all_to_all(rows), tf.shape(counts))
         extra = tf.constant(-1, tf.int64) if also_max is None else tf.cast(also_max, tf.int64)
-        x = tf.convert_to_tensor(x)
-        most = self.reduce(tf.stack([tf.cast(tf.shape(x)[1], tf.int64), extra]), "Max")
+        most = self.reduce(tf.stack([width, extra]), "Max")
         short = tf.cast(most[0], tf.int32) - tf.shape(x)[1]
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
         x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
@@ -134,9 +141,12 @@ class RunKeyedExchange(Exchange):
         self.timeout_seconds = timeout_seconds
         self._groups = groups
 
-    def _id(self):
-        return self._groups(), _counted_key(itertools.count(1))
+    def _id(self, after: tf.Tensor | None = None):
+        return self._groups(), _counted_key(_run_counter(1), after)
 
+
+# Each RunKeyedExchange op counts its runs with one of these (a name tests can watch).
+_run_counter = itertools.count
 
 # The instance keys of CountedExchange: one counter for every exchange of the process.
 _COUNTED_RUNS = itertools.count(1)
@@ -160,18 +170,28 @@ class CountedExchange(Exchange):
         self.timeout_seconds = timeout_seconds
         self.group_key = group_key
 
-    def _id(self):
-        return self.group_key, _counted_key(_COUNTED_RUNS)
+    def _id(self, after: tf.Tensor | None = None):
+        return self.group_key, _counted_key(_COUNTED_RUNS, after)
 
 
-def _counted_key(runs) -> tf.Tensor:
+def _counted_key(runs, after: tf.Tensor | None = None) -> tf.Tensor:
     """An int32 scalar instance key: the next count of ``runs``, taken each time the op
-    runs."""
+    runs, once ``after`` (if given) is computed."""
     @tf.autograph.experimental.do_not_convert
     def next_run():
         return np.int32(next(runs) % INT32_MAX)
 
-    key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
-                            name="sparseflow_collective_key")
+    # A key taken on one rank in a step that another rank aborts (its data never came)
+    # would put the ranks' counts of this op out of step for good.
+    with tf.control_dependencies(_ready(after)):
+        key = tf.numpy_function(next_run, [], tf.int32, stateful=True,
+                                name="sparseflow_collective_key")
     key.set_shape([])
     return key
+
+
+def _ready(after) -> list:
+    """Control inputs that hold a collective's instance key back until its data exists."""
+    if after is None or tf.executing_eagerly():
+        return []
+    return [after]
