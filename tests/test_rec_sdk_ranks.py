@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, FEATURE, NEW_THRESHOLD,
-                                         ROOT, STEPS, THRESHOLD_STEP, _generator,
+from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, EVAL_STEPS, FEATURE,
+                                         NEW_THRESHOLD, ROOT, STEPS, THRESHOLD_STEP, _generator,
                                          admitted_sizes)
 
 RANKS = 2
@@ -56,7 +56,7 @@ def merged_reference_sizes(results, table, switch_step):
 
 # run.sh's HBM modes (DDR, SSD and dynamic expansion are not sharded yet: create_table
 # refuses them over several ranks): FeatureSpec mode and automatic graph modification,
-# dynamic and static shapes, several lookups of one table.
+# dynamic and static shapes, several lookups of one table. One-shot iterators: below.
 MODES = {"featurespec-timestamp": {"USE_TIMESTAMP": "1"},
          "featurespec-static-timestamp-multi3": {"USE_DYNAMIC": "0", "USE_TIMESTAMP": "1",
                                                  "MULTI_LOOKUP_TIMES": "3"},
@@ -106,6 +106,24 @@ def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained):
     for before, after in zip(ranks, predicted):
         assert after["restored"] == 40 and after["train_loss"] == []
         np.testing.assert_allclose(after["eval_loss"][0], before["eval_loss"][-1], rtol=1e-5)
+
+
+def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(tmp_path):
+    """USE_ONE_SHOT=1: the second evaluation's one-shot iterator is spent, so its first step
+    ends the data (OutOfRangeError) on both ranks inside a step holding collectives; the
+    save after it, and the training after that, go on (the next collective step once failed
+    on TensorFlow's reused step id: tests/test_session_ranks.py)."""
+    switches = {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1", "USE_ONE_SHOT": "1",
+                "USE_MULTI_LOOKUP": "0"}
+    ranks = run_demo_ranks(tmp_path, "train", switches)
+    for results in ranks:
+        assert [len(losses) for losses in results["eval_loss"]] == [EVAL_STEPS, 0]
+        assert results["saved"] == [20, 40]
+        assert np.array(results["train_loss"]).shape == (STEPS, 2)
+    for table in ("user_table", "item_table"):
+        total = np.sum([np.array(r["table_size"][table]) for r in ranks], axis=0)
+        np.testing.assert_array_equal(total, merged_reference_sizes(ranks[0], table,
+                                                                    THRESHOLD_STEP))
 
 
 @pytest.mark.parametrize("name", ["dlrm", "dcnv2", "mmoe", "wide_deep"])

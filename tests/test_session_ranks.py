@@ -259,3 +259,14 @@ def test_a_rank_that_cannot_bind_its_address_fails_naming_it(tmp_path):
     assert (f"AddressInUseError: rank 0 of 2 cannot listen on localhost:{port}, its address in "
             f"TF_CONFIG (cluster.worker[0]): port {port} is in use by another process"
             ) in done.stderr
+
+
+def test_a_step_that_ends_the_data_does_not_break_the_next_collective_step():
+    """Rec SDK's one-shot evaluation ends its data inside a step holding collectives, and
+    one rank's step ends later than the other's. TensorFlow reuses a failed step's id for
+    the next collective step; without a fresh collective graph key, the peer's cleanup of
+    the failed step deleted the next step's buffers ("Delete called on non-empty
+    BufRendezvous"), in the first rounds."""
+    done = run_ranks(["tests.workers.end_of_data_ranks", "12"], 2)
+    for rank in range(2):
+        assert f"[rank {rank}] rank {rank}: 12 rounds" in done.stdout, done.stdout[-3000:]

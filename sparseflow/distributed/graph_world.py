@@ -13,7 +13,9 @@ in an order the executor chooses. Each op is a collective group of its own, numb
 it is built (the same order on every rank, which runs the same script), and each run of it
 takes the next instance key (``GraphExchange``). A step whose collectives include an
 all-to-all also holds a reduction (the width agreement), without which TensorFlow's master
-runs the step without a collective executor.
+runs the step without a collective executor. Each run that executes collectives carries a
+collective graph key that changes after a failed one (``step_keys.py``), so that a step
+ending the data cannot break the next.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import tensorflow as tf
 from sparseflow.distributed.cluster import World, address_in_use, world_from_env
 from sparseflow.distributed.exchange import RunKeyedExchange
 from sparseflow.distributed.ranks import Ranks
+from sparseflow.distributed.step_keys import StepKeys
 from sparseflow.pipeline.graph_cache import graph_cache
 
 # Above the keys of the YAML trainer's groups (1000-1002).
@@ -235,16 +238,19 @@ def _bind_sessions(world: GraphWorld) -> None:
     original_run = session.Session.run
 
     @functools.wraps(original_run)
-    def run(self, *args, **kwargs):
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        bound = _WORLD
+        keyed = False
+        if bound is not None:
+            options, keyed = _STEP_KEYS.run_options(self.graph, fetches, options)
         try:
-            return original_run(self, *args, **kwargs)
-        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-                tf.errors.CancelledError, tf.errors.AbortedError,
-                tf.errors.InternalError) as err:
+            return original_run(self, fetches, feed_dict, options, run_metadata)
+        except tf.errors.OpError as err:
+            if keyed:
+                _STEP_KEYS.failed()
             # A peer's collective timing out, the channel to it failing, or this rank's
             # collective executor aborted after another collective failed.
-            bound = _WORLD
-            if bound is None or not _from_collective(err):
+            if bound is None or not isinstance(err, _PEER_ERRORS) or not _from_collective(err):
                 raise
             raise rank_lost_error(err, bound) from err
 
@@ -252,6 +258,11 @@ def _bind_sessions(world: GraphWorld) -> None:
     __init__._sparseflow_original = original
     session.Session.__init__ = __init__
     session.Session.run = run
+
+
+_PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.CancelledError, tf.errors.AbortedError, tf.errors.InternalError)
+_STEP_KEYS = StepKeys()
 
 
 def _from_collective(err) -> bool:
