@@ -46,11 +46,12 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
 
 
 @pytest.mark.parametrize("flags", [(), ("--keras",)], ids=["embedding", "keras-layer"])
-def test_a_one_process_checkpoint_resumes_on_two_ranks_and_a_shard_is_not_taken_whole(
-        tmp_path, flags):
+def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
     """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
-    and train on exactly as the process did. One rank's shard restored by one process is
-    refused, naming both worlds, rather than read as the whole table."""
+    and train on exactly as the process did. Two ranks save after step 6: one rank's shard
+    restored by one process is refused, naming both worlds, rather than read as the whole
+    table; the two shards merged (``merge_checkpoint_shards``, ``merge_weight_shards``)
+    resume in one process exactly as the process that never stopped."""
     (one,) = _run(tmp_path / "one", None, *flags, "--save-at", "6", "--save-to",
                   tmp_path / "ckpt")
     two = _run(tmp_path / "two", 2, *flags, "--restore", tmp_path / "ckpt-rank0", "--start",
@@ -71,6 +72,22 @@ def test_a_one_process_checkpoint_resumes_on_two_ranks_and_a_shard_is_not_taken_
     source = ("the saved layer `b`" if flags
               else "the checkpoint of Embedding `sparseflow_embedding`")
     assert (f"{source} is rank 1's shard of 2 ranks; this is rank 0 of 1") in done.stderr
+
+    from sparseflow.tf2 import merge_checkpoint_shards
+    merged = tmp_path / "merged" / "ckpt"
+    shards = [sharded / "ckpt-rank1", sharded / "ckpt-rank0"]   # any order
+    assert merge_checkpoint_shards(shards, merged) == str(merged)
+    if flags:
+        from sparseflow.keras import merge_weight_shards
+        merge_weight_shards([f"{p}-layer.weights.h5" for p in shards],
+                            f"{merged}-layer.weights.h5")
+    (resumed,) = _run(tmp_path / "resumed", None, *flags, "--restore", merged, "--start", "6")
+    np.testing.assert_allclose(resumed["losses"], one["losses"][6:], rtol=0, atol=1e-5)
+    for table in ("a", "b"):
+        np.testing.assert_array_equal(resumed[f"{table}/keys"], one[f"{table}/keys"])
+        for name in ("weights", "momentum", "velocity", "counts", "last_seen", "counted"):
+            np.testing.assert_allclose(resumed[f"{table}/{name}"], one[f"{table}/{name}"],
+                                       rtol=0, atol=1e-5, err_msg=f"{table}/{name}")
 
 
 def test_the_tf2_exchange_waits_the_configured_collective_timeout(monkeypatch):

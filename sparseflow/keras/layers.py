@@ -22,14 +22,13 @@ import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
 from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
+from sparseflow.tf2 import saved_state
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
 from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
 
-_STATE_KEYS = ("keys", "counts", "last_seen", "values", "counted_keys", "counted_counts",
-               "clock", "optimizer_steps")
 _NOT_IN_A_TABLE_NAME = re.compile(f"[^{TABLE_NAME_CHARS}]")
 
 
@@ -161,32 +160,16 @@ class SparseEmbedding(keras.layers.Layer):
 
     def save_own_variables(self, store):
         super().save_own_variables(store)          # the anchor, as "0"
-        state = table_state.capture(self.table)
-        for key in _STATE_KEYS:
-            store[key] = np.asarray(getattr(state, key))
-        # As UTF-8 bytes of the comma-joined names: the store takes numeric arrays only.
-        store["slot_names"] = np.frombuffer(",".join(state.slot_names).encode(), np.uint8)
-        world = self.embedding.world()
-        if world[1] > 1:   # one rank's shard (one process's files keep their layout)
-            store["world"] = np.asarray(world, np.int64)
+        arrays = saved_state.layer_arrays(table_state.capture(self.table),
+                                          self.embedding.world())
+        for key, value in arrays.items():
+            store[key] = value
 
     def load_own_variables(self, store):
         table = self.table
-        get = {key: np.asarray(store[key]) for key in _STATE_KEYS}
-        state = table_state.TableState(
-            keys=get["keys"].astype(np.int64), counts=get["counts"].astype(np.int32),
-            last_seen=get["last_seen"].astype(np.int64),
-            values=np.ascontiguousarray(get["values"], np.float32),
-            # Files written before slot names were stored: the layer's own layout.
-            slot_names=(tuple(n for n in bytes(np.asarray(store["slot_names"], np.uint8))
-                                    .decode().split(",") if n)
-                        if "slot_names" in store.keys() else tuple(table.rows.slot_names)),
-            counted_keys=get["counted_keys"].astype(np.int64),
-            counted_counts=get["counted_counts"].astype(np.int32),
-            clock=int(get["clock"]), optimizer_steps=int(get["optimizer_steps"]))
+        # Files written before slot names were stored: the layer's own layout.
+        state, saved = saved_state.state_from_layer(store, tuple(table.rows.slot_names))
         source = f"the saved layer `{self.name}`"
-        saved = ([int(v) for v in np.asarray(store["world"])] if "world" in store.keys()
-                 else [0, 1])
         (state,) = states_for_this_rank([state], saved, self.embedding.world(), source)
         table_state.check_fits(table, state, source)   # refused: nothing of the layer changes
         # Not super(): it expects the store to hold the Keras variables only.

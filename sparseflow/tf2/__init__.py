@@ -8,6 +8,8 @@ It needs no ``sparseflow.init()``: an :class:`Embedding` owns its tables. See
 
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
+from sparseflow.tf2.merge_shards import merge_checkpoint_shards
 from sparseflow.tf2.optimizers import FTRL, SGD, Adagrad, Adam
 
-__all__ = ["Adagrad", "Adam", "Embedding", "FTRL", "FeatureConfig", "SGD", "TableConfig"]
+__all__ = ["Adagrad", "Adam", "Embedding", "FTRL", "FeatureConfig", "SGD", "TableConfig",
+           "merge_checkpoint_shards"]

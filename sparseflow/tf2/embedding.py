@@ -31,6 +31,7 @@ from sparseflow.checkpoint import table_state
 from sparseflow.ops import key_kernels as kk
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.table import SparseTable, host_table
+from sparseflow.tf2 import saved_state
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.tf2.sharding import states_for_this_rank
@@ -40,8 +41,6 @@ from sparseflow.validation import fail
 # the dict, not a tensor's value).
 _TRAINING_MARK = "__sparseflow_tf2_training__"
 _EVALUATION_MARK = "__sparseflow_tf2_evaluation__"
-# Ends a sharded checkpoint's slot names: "__world__:<rank>/<size>".
-_WORLD_MARK = "__world__:"
 
 
 class _Feature:
@@ -543,28 +542,11 @@ class Embedding(tf.Module):
     def _serialize_to_tensors(self):
         tensors = {}
         for table in self._tables:
-            state = table_state.capture(table)
-            name = table.table_name
-            tensors.update({
-                f"{name}-keys": tf.constant(state.keys, tf.int64),
-                f"{name}-counts": tf.constant(state.counts, tf.int32),
-                f"{name}-last_seen": tf.constant(state.last_seen, tf.int64),
-                f"{name}-values": tf.constant(state.values, tf.float32),
-                f"{name}-slot_names": tf.constant(list(state.slot_names) + self._world_mark(),
-                                                  tf.string),
-                f"{name}-counted_keys": tf.constant(state.counted_keys, tf.int64),
-                f"{name}-counted_counts": tf.constant(state.counted_counts, tf.int32),
-                f"{name}-clock": tf.constant(state.clock, tf.int64),
-                f"{name}-optimizer_steps": tf.constant(state.optimizer_steps, tf.int64)})
+            arrays = saved_state.checkpoint_arrays(table_state.capture(table), self.world())
+            tensors.update({f"{table.table_name}-{field}":
+                            tf.constant(value, tf.string if field == "slot_names" else None)
+                            for field, value in arrays.items()})
         return tensors
-
-    def _world_mark(self) -> list[str]:
-        """Which shard a checkpoint holds, as a last "slot name" (none in one process, whose
-        checkpoints keep the layout they always had): restore re-splits a one-process
-        checkpoint over ranks and refuses one rank's shard where it would be taken for the
-        whole table."""
-        rank, size = self.world()
-        return [] if size == 1 else [f"{_WORLD_MARK}{rank}/{size}"]
 
     def world(self) -> list[int]:
         """``[rank, size]`` of this Embedding's shard of its tables ([0, 1] in one
@@ -574,25 +556,12 @@ class Embedding(tf.Module):
 
     def _restore_from_tensors(self, restored_tensors):
         source = f"the checkpoint of Embedding `{self.name}`"
-        marks = [m.decode() for t in self._tables
-                 for m in restored_tensors[f"{t.table_name}-slot_names"].numpy()
-                 if m.decode().startswith(_WORLD_MARK)]
-        saved = ([int(v) for v in marks[0][len(_WORLD_MARK):].split("/")] if marks
-                 else [0, 1])
-        states = []
+        states, saved = [], [0, 1]
         for table in self._tables:
             name = table.table_name
-
-            def get(key):
-                return restored_tensors[f"{name}-{key}"].numpy()
-
-            states.append(table_state.TableState(
-                keys=get("keys"), counts=get("counts"), last_seen=get("last_seen"),
-                values=np.ascontiguousarray(get("values"), np.float32),
-                slot_names=tuple(s.decode() for s in get("slot_names")
-                                 if not s.decode().startswith(_WORLD_MARK)),
-                counted_keys=get("counted_keys"), counted_counts=get("counted_counts"),
-                clock=int(get("clock")), optimizer_steps=int(get("optimizer_steps"))))
+            state, saved = saved_state.state_from_checkpoint(
+                lambda field, name=name: restored_tensors[f"{name}-{field}"].numpy())
+            states.append(state)
         states = states_for_this_rank(states, saved, self.world(), source)
         # Every table checked before any changes: a refused one leaves all as they were.
         for table, state in zip(self._tables, states):

@@ -11,9 +11,10 @@ over the global batch size. ``--keras``: table "b" is a sparseflow.keras.SparseE
 layer (its own sparse optimizer, applied in the backward pass) instead of an Embedding
 feature. ``--save-at K``: after global step K, every rank saves a tf.train.Checkpoint of the
 Embedding and the head to ``PREFIX-rank{r}`` (with ``--keras``, the layer's saved variables to
-``PREFIX-rank{r}-layer.npz``); ``--restore PATH --start K``: restore one (the layer's first)
-and train steps K+1..STEPS. Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each
-table, sorted by key.
+``PREFIX-rank{r}-layer.weights.h5``, in the group where ``model.save_weights`` puts them);
+``--restore PATH --start K``: restore one (the layer's first) and train steps K+1..STEPS.
+Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each table,
+sorted by key.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -29,6 +31,7 @@ from sparseflow.distributed.ranks import detect  # noqa: E402
 from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
 
 GLOBAL_BATCH = 32
+LAYER_GROUP = "layers/b/vars"
 
 
 def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to: str = "",
@@ -86,17 +89,17 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
     if restore:
         if layer is not None:
             layer.build((None, 3))
-            layer.load_own_variables(dict(np.load(f"{restore}-layer.npz")))
+            with h5py.File(f"{restore}-layer.weights.h5", "r") as f:
+                layer.load_own_variables(f[LAYER_GROUP])
         checkpoint.read(restore).assert_consumed()
     losses = []
     for index, element in enumerate(ds, start=start + 1):
         losses.append(float(step(*element)))
         if index == save_at:
             checkpoint.write(f"{save_to}-rank{ranks.rank}")
-            if layer is not None:
-                store = {}
-                layer.save_own_variables(store)
-                np.savez(f"{save_to}-rank{ranks.rank}-layer.npz", **store)
+            if layer is not None:   # where model.save_weights puts the layer's variables
+                with h5py.File(f"{save_to}-rank{ranks.rank}-layer.weights.h5", "w") as f:
+                    layer.save_own_variables(f.create_group(LAYER_GROUP))
     out = {"losses": np.asarray(losses), "w": w.numpy()}
     tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
     for table in tables:
