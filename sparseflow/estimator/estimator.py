@@ -425,21 +425,21 @@ class Estimator:
                 all_hooks.append(tf.compat.v1.train.SummarySaverHook(
                     save_steps=cfg.save_summary_steps, output_dir=summary_dir,
                     scaffold=scaffold))
-            save_steps = cfg.save_checkpoints_steps
-            if rt.world is not None and cfg.save_checkpoints_secs is not None:
-                # Every rank's save takes part in collectives: all must save at one step.
-                fail("config.save_checkpoints_secs",
-                     f"None over several ranks (this is rank {rt.world.rank} of "
-                     f"{rt.world.size}): each rank's clock would save at its own step. Set "
-                     f"RunConfig(save_checkpoints_steps=N)", cfg.save_checkpoints_secs)
-            if save_steps is None and cfg.save_checkpoints_secs is None:
-                # No interval: a checkpoint when the session starts and one at the end only;
-                # tf.estimator saved none, losing the training.
+            save_steps, save_secs = cfg.save_checkpoints_steps, cfg.save_checkpoints_secs
+            # Every rank's save takes part in collectives: over ranks, a time interval is
+            # agreed in the step (the hook), not read from each rank's clock.
+            ranks_save_secs = save_secs if rt.world is not None else None
+            if ranks_save_secs is not None:
+                save_secs = None
+            if save_steps is None and save_secs is None:
+                # No interval of TF's hook: a checkpoint when the session starts and one at
+                # the end (tf.estimator saved none without an interval, losing the training).
                 save_steps = 2**62
             all_hooks.append(_hooks.CheckpointHook(
-                self._model_dir, save_secs=cfg.save_checkpoints_secs, save_steps=save_steps,
+                self._model_dir, save_secs=save_secs, save_steps=save_steps,
                 scaffold=scaffold, checkpoint_basename=CHECKPOINT_BASENAME,
-                listeners=listeners, summary_dir=summary_dir))
+                listeners=listeners, summary_dir=summary_dir,
+                ranks_save_secs=ranks_save_secs))
             loss = None
             with tf.compat.v1.train.MonitoredSession(
                     session_creator=self._session_creator(scaffold, checkpoint),

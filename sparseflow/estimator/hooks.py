@@ -128,20 +128,59 @@ class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
     ``summary_dir``: the model directory on rank 0, a directory of its own on other ranks
     (writers of several ranks would otherwise share an event file name).
 
+    Over several ranks, every rank must save at the same step (a save takes part in
+    collectives), which each rank's own clock would not give: with ``ranks_save_secs``, each
+    training step also takes the largest over the ranks of "my ``ranks_save_secs`` have
+    passed since the last save" (one scalar all-reduce in the step), and every rank saves
+    after the step where any rank's time was up.
+
     Args:
       checkpoint_dir: where checkpoints go (the model directory).
       summary_dir: where the hook's event records go.
+      ranks_save_secs: the seconds between saves agreed over the ranks, or None (then
+        ``save_secs`` / ``save_steps`` in ``kwargs`` decide, on this rank's own).
       **kwargs: ``CheckpointSaverHook``'s other arguments.
     """
 
-    def __init__(self, checkpoint_dir, *, summary_dir, **kwargs):
+    def __init__(self, checkpoint_dir, *, summary_dir, ranks_save_secs=None, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
         self._summary_dir = summary_dir
+        self._ranks_save_secs = ranks_save_secs
+        self._due = self._agreed = None
+        self._last_save = time.monotonic()
 
     def begin(self):
         super().begin()
         from tensorflow.python.training.summary_io import SummaryWriterCache
         self._summary_writer = SummaryWriterCache.get(self._summary_dir)
+        if self._ranks_save_secs is not None:
+            from sparseflow.distributed import collectives
+            self._due = tf.compat.v1.placeholder_with_default(
+                tf.constant(0, tf.int32), [], name="sparseflow_checkpoint_due")
+            self._agreed = collectives.all_reduce(self._due, "max")
+
+    def after_create_session(self, session, coord):
+        super().after_create_session(session, coord)
+        self._last_save = time.monotonic()
+
+    def before_run(self, run_context):
+        args = super().before_run(run_context)
+        if self._agreed is None:
+            return args
+        due = int(time.monotonic() - self._last_save >= self._ranks_save_secs)
+        return tf.compat.v1.train.SessionRunArgs([args.fetches, self._agreed],
+                                                 feed_dict={self._due: due})
+
+    def after_run(self, run_context, run_values):
+        if self._agreed is None:
+            return super().after_run(run_context, run_values)
+        _, agreed = run_values.results
+        if agreed:
+            step = run_context.session.run(self._global_step_tensor)
+            self._timer.update_last_triggered_step(step)
+            self._last_save = time.monotonic()
+            if self._save(run_context.session, step):
+                run_context.request_stop()
 
 
 class SumMetricsHook(tf.compat.v1.train.SessionRunHook):
