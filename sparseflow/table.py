@@ -578,7 +578,9 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                 f"ssd_vocabulary_size={table_config.ssd_vocabulary_size}). Received: 'device'")
         rows_on = "host"
     if rt.world is not None:
-        _check_shardable(rt.world, table_config, rows_on, block_rows)
+        # device_vocabulary_size + host_vocabulary_size rows in host memory: over ranks a
+        # "device cache over a host tier" holds them all in the host rows of its shard.
+        _check_shardable(rt.world, table_config, rows_on)
         rows_on = "host"
     if rows_on is None:
         rows_on = default_rows_on()
@@ -601,19 +603,13 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     return table
 
 
-def _check_shardable(world, config, rows_on, block_rows) -> None:
-    """Raises NotImplementedError for what a table sharded over ranks does not do yet."""
-    problems = []
+def _check_shardable(world, config, rows_on) -> None:
+    """Raises NotImplementedError for what a table sharded over ranks does not do yet: rows
+    on the device (each owner reads and updates its shard's rows in host memory, a disk tier
+    behind them included, growing under dynamic expansion)."""
     if rows_on == "device":
-        problems.append("rows_on='device'")
-    if config.host_vocabulary_size or config.ssd_vocabulary_size:
-        problems.append(f"host_vocabulary_size={config.host_vocabulary_size}, "
-                        f"ssd_vocabulary_size={config.ssd_vocabulary_size} (a tier)")
-    if block_rows is not None:
-        problems.append("init(use_dynamic_expansion=True)")
-    if problems:
         raise NotImplementedError(
             f"Table `{config.name}` on rank {world.rank} of {world.size}: a table sharded over "
-            f"ranks keeps its shard's rows in host memory, without tiers or dynamic expansion "
-            f"yet; received {', '.join(problems)}. Create it with device_vocabulary_size only "
-            f"(rows_on='host' or None).")
+            f"ranks keeps its shard's rows in host memory (over a disk tier with "
+            f"ssd_vocabulary_size > 0), not on the device yet; received rows_on='device'. "
+            f"Create it with rows_on='host' or None.")

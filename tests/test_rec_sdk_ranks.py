@@ -54,16 +54,20 @@ def merged_reference_sizes(results, table, switch_step):
     return admitted_sizes(batches, COEFFICIENT[table], lookups, thresholds)
 
 
-# run.sh's HBM modes (DDR, SSD and dynamic expansion are not sharded yet: create_table
-# refuses them over several ranks): FeatureSpec mode and automatic graph modification,
-# dynamic and static shapes, several lookups of one table. One-shot iterators: below.
-MODES = {"featurespec-timestamp": {"USE_TIMESTAMP": "1"},
+# run.sh's modes: HBM, DDR (a shard's rows all in host memory) and SSD (a shard's rows over
+# its own disk tier) caches, dynamic expansion, FeatureSpec mode and automatic graph
+# modification, dynamic and static shapes, several lookups of one table. One-shot
+# iterators: below.
+MODES = {"ddr-featurespec-timestamp": {"CACHE_MODE": "DDR", "USE_TIMESTAMP": "1"},
          "featurespec-static-timestamp-multi3": {"USE_DYNAMIC": "0", "USE_TIMESTAMP": "1",
                                                  "MULTI_LOOKUP_TIMES": "3"},
-         "modifygraph-timestamp-multi": {"USE_MODIFY_GRAPH": "1", "USE_TIMESTAMP": "1",
-                                         "USE_MULTI_LOOKUP": "1", "MULTI_LOOKUP_TIMES": "2"},
+         "ssd-modifygraph-timestamp-multi": {"CACHE_MODE": "SSD", "USE_MODIFY_GRAPH": "1",
+                                             "USE_TIMESTAMP": "1", "USE_MULTI_LOOKUP": "1",
+                                             "MULTI_LOOKUP_TIMES": "2"},
          "modifygraph-static": {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1",
-                                "USE_MULTI_LOOKUP": "0"}}
+                                "USE_MULTI_LOOKUP": "0"},
+         "featurespec-expansion-timestamp": {"USE_DYNAMIC_EXPANSION": "1",
+                                             "USE_TIMESTAMP": "1", "USE_MULTI_LOOKUP": "0"}}
 
 
 @pytest.fixture(scope="module", params=list(MODES))

@@ -74,6 +74,27 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
         assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"])
 
 
+@pytest.mark.parametrize("rows", ["disk", "expanding"])
+def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_ranks,
+                                                                   tmp_path, rows):
+    """Table a's shards keep 120 rows in memory over a disk tier (rows move between them
+    every step), or every table grows (dynamic expansion): two ranks still train exactly
+    as one process with plain rows."""
+    one = one_and_two_ranks[0]
+    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows], 2)
+    two = _shards(tmp_path, 2)
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
+    for table in ("a", "b"):
+        merged = _merged(two, table)
+        np.testing.assert_array_equal(merged["keys"], one[f"{table}/keys"])
+        for name in ("weights", "momentum", "velocity", "counts", "last_seen"):
+            np.testing.assert_allclose(merged[name], one[f"{table}/{name}"], rtol=0,
+                                       atol=1e-5, err_msg=f"{table}/{name}")
+    if rows == "disk":   # more keys than fast rows in each shard: the tier was used
+        assert all(len(shard["a/keys"]) > 120 for shard in two)
+
+
 def test_table_a_admits_keys_on_the_counts_of_every_rank(one_and_two_ranks):
     one = one_and_two_ranks[0]
     # Keys seen once by the global batches stay out (threshold 2): some are counted only.
@@ -206,18 +227,16 @@ def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
             np.testing.assert_allclose(shard[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_a_sharded_table_refuses_what_shards_do_not_hold_yet():
+def test_a_sharded_table_refuses_device_rows_only():
     from types import SimpleNamespace
 
     world = SimpleNamespace(rank=1, size=2)
     config = SimpleNamespace(name="t", host_vocabulary_size=10, ssd_vocabulary_size=0)
-    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .*received "
-                                                  r"rows_on='device', host_vocabulary_size=10"):
-        _check_shardable(world, config, "device", None)
-    plain = SimpleNamespace(name="t", host_vocabulary_size=0, ssd_vocabulary_size=0)
-    _check_shardable(world, plain, "host", None)
-    with pytest.raises(NotImplementedError, match="use_dynamic_expansion"):
-        _check_shardable(world, plain, None, 1024)
+    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .* not on the "
+                                                  r"device yet; received rows_on='device'"):
+        _check_shardable(world, config, "device")
+    _check_shardable(world, config, "host")
+    _check_shardable(world, config, None)
 
 
 def test_restoring_from_another_number_of_ranks_names_a_missing_shard(tmp_path):

@@ -57,6 +57,9 @@ class _Pending:
     m: int
     train: bool
     tables: list
+    # Per table, the rows the update applies at: the fast-tier slots a tiered table's
+    # gather placed them in; None: the processor's rows.
+    slots: list = dataclasses.field(default_factory=list)
 
 
 class KeyRouter:
@@ -206,7 +209,7 @@ class KeyRouter:
             tables.append((entries, result))
         with self._lock:
             token = next(self._tokens)
-            self._pending[token] = _Pending(n, m, train, tables)
+            self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))
         return np.int64(token)
 
     @_timed("gather")
@@ -231,9 +234,17 @@ class KeyRouter:
                 del self._pending[int(token)]
         width = self.max_dim + int(flags)
         reply = np.zeros((pending.n * pending.m, width), np.float32)
-        for table, (entries, result) in zip(self.tables, pending.tables):
+        for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
+            slots = result.rows
+            if table.tiers is not None:
+                # A table over a disk tier: the step's rows claim fast slots (unless the
+                # processor placed them early) and the queued moves run, before the read;
+                # its update then runs at those slots.
+                slots = table.tiers.place(result.rows, int(result.seq))
+                table.tiers.swap_host(table.rows.allocate())
+                pending.slots[t] = slots
             with table.rows.pinned() as storage:
-                shard_kernels.scatter_rows(storage, result.rows, result.restore, entries,
+                shard_kernels.scatter_rows(storage, slots, result.restore, entries,
                                            table.dim, reply)
             if flags:
                 reply[entries, self.max_dim] = result.rows[result.restore] >= 0
@@ -298,21 +309,22 @@ class KeyRouter:
           grads: float32 ``[N, m, max_dim]`` in the layout :meth:`process` received.
         """
         with self._lock:
-            pending = self._take(token, pop=True).tables
+            taken = self._take(token, pop=True)
+            pending, placed = taken.tables, taken.slots
             stale = [self._pending.pop(t).tables for t in list(self._pending) if t < token]
         for tables in stale:
             for table, (_, result) in zip(self.tables, tables):
                 table.release_batch(result.seq, drain=True)
         flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
         out = []
-        for table, (entries, result) in zip(self.tables, pending):
+        for table, (entries, result), slots in zip(self.tables, pending, placed):
             summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
             if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
                     == "sum_gradients_and_div_by_ranksize"):
                 summed /= self.world_size
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
-            out.append((result.rows, summed))
+            out.append((result.rows if slots is None else slots, summed))
         return out
 
 

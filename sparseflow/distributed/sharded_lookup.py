@@ -194,10 +194,76 @@ def _build(rt, batch: dict, plan) -> dict:
         has_row = flags[0]
     else:
         unique, has_row = ex.forward(flags=True)
+    # Each table's unique rows, which its lookups gather from: under dynamic expansion
+    # these are the "local embeddings" a by-address optimizer differentiates w.r.t.
+    bounds = _table_bounds(batch, plan)
+    per_table = {}
+    for table, (start, end) in zip(ex.router.tables, bounds):
+        per_table[table.table_name] = tf.ensure_shape(unique[start:end, :table.dim],
+                                                      [None, table.dim])
+    if ex.train:
+        _add_local_embeddings(ex, bounds, per_table)
+    table_index = {table.table_name: t for t, table in enumerate(ex.router.tables)}
     specs = [s for group in plan.tables.values() for s in group]
-    return {spec.unique_name: (tf.gather(unique[:, :rt.tables[spec.table_name].dim], piece),
-                               tf.gather(has_row, piece))
-            for spec, piece in zip(specs, _spec_indices(batch, plan))}
+    out = {}
+    for spec, piece in zip(specs, _spec_indices(batch, plan)):
+        start = bounds[table_index[spec.table_name]][0]
+        out[spec.unique_name] = (tf.gather(per_table[spec.table_name], piece - start),
+                                 tf.gather(has_row, piece))
+    return out
+
+
+def _add_local_embeddings(ex: BatchExchange, bounds: list, per_table: dict) -> None:
+    """Rec SDK's collections for the by-address optimizers of dynamic expansion: each
+    expanding table's unique rows of this batch (``ASCEND_SPARSE_LOOKUP_LOCAL_EMB``) and
+    their "addresses" (``ASCEND_SPARSE_LOOKUP_ID_OFFSET``): over ranks, the rows' places
+    among the batch's exchanged rows, which :func:`apply_by_address` sends to the owners."""
+    from sparseflow.lookup import (ADDRESS_COLLECTION, LOCAL_EMB_COLLECTION,
+                                   UNIQUE_KEYS_COLLECTION)
+
+    graph = ex.send.graph
+    for t, (table, (start, end)) in enumerate(zip(ex.router.tables, bounds)):
+        if not table.expands:
+            continue
+        emb = per_table[table.table_name]
+        address = tf.range(tf.cast(start, tf.int64), tf.cast(end, tf.int64),
+                           name=f"{table.table_name}_address")
+        graph_cache(graph, "local_embeddings")[(table.table_name, ex.send.name)] = address
+        graph_cache(graph, "addresses")[address.name] = (table, emb)
+        graph_cache(graph, "sharded_addresses")[address.name] = (ex, t)
+        tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, emb)
+        tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, address)
+        tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, address)
+
+
+def sharded_address(address) -> tuple | None:
+    """``(BatchExchange, table index)`` of an address from :func:`_add_local_embeddings`,
+    or None (an address of one process's lookup)."""
+    if not isinstance(address, tf.Tensor) or not hasattr(address, "graph"):
+        return None
+    return graph_cache(address.graph, "sharded_addresses").get(address.name)
+
+
+def apply_by_address(pairs: list) -> list:
+    """The updates of a by-address optimizer's ``(gradient [U_t, dim], address)`` pairs of
+    sharded lookups: per batch, every table's gradients placed at their addresses in one
+    ``[U, max_dim]`` gradient of the batch's rows, sent to the owners, which sum each key's
+    gradients over the ranks and apply the table's (by-address) optimizer there. Returns
+    the update ops."""
+    batches: dict = {}
+    for values, address in pairs:
+        ex, t = sharded_address(address)
+        batches.setdefault(id(ex), (ex, []))[1].append((values, address, ex.router.tables[t]))
+    updates = []
+    for ex, members in batches.values():
+        max_dim = ex.router.max_dim
+        total = tf.shape(ex.place)[0]
+        dy = tf.zeros(tf.stack([total, max_dim]), tf.float32)
+        for values, address, table in members:
+            padded = tf.pad(values, [[0, 0], [0, max_dim - table.dim]])
+            dy = tf.tensor_scatter_nd_add(dy, tf.cast(address, tf.int32)[:, None], padded)
+        updates.append(ex.apply_at_owners(dy))
+    return updates
 
 
 # -- automatic graph modification (modify_graph=True) ----------------------------------------
@@ -247,6 +313,12 @@ def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_de
     """
     from sparseflow.pipeline.graph_modifier import register_sharded_lookup
 
+    if is_train and table.expands:
+        raise NotImplementedError(
+            f"Table `{table.table_name}`: automatic graph modification over several ranks "
+            f"does not train expanding tables yet (their by-address optimizers); build the "
+            f"lookups with FeatureSpecs and get_asc_insert_func, or train without "
+            f"init(use_dynamic_expansion=True).")
     rows, has_row, restore = register_sharded_lookup(table, ids, is_train, thresholds,
                                                      send_count)
     return _shaped(table, rows, has_row, ids, name, with_grad, serving_default_value, restore)

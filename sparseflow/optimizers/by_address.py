@@ -101,9 +101,12 @@ class ByAddressOptimizer(SparseOptimizer):
         from sparseflow.lookup import address_owner
         from sparseflow.table import SparseTable
 
+        from sparseflow.distributed.sharded_lookup import apply_by_address, sharded_address
+
         groups: dict = {}      # table name -> (table, [(rows, values)])
         gathers = []
         without_gradient = []
+        sharded = []           # (values, address) of lookups over ranks
         for pair in grads_and_vars:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 fail("grads_and_vars", _PAIRS, pair, TypeError)
@@ -121,12 +124,16 @@ class ByAddressOptimizer(SparseOptimizer):
                 continue
             values = self._dense_gradient(grad, address, table)
             table.bind_optimizer(self)
+            if sharded_address(address) is not None:
+                sharded.append((values, address))
+                continue
             groups.setdefault(table.table_name, (table, []))[1].append((address, values))
             gathers.append(local_emb)
-        if not groups:
+        if not groups and not sharded:
             raise_no_gradients(without_gradient, "address")
         with tf.name_scope(name or self.name):
-            updates = []
+            # Over ranks, the owners apply this optimizer (bound to the tables above).
+            updates = apply_by_address(sharded) if sharded else []
             if groups:
                 tables = [(table, len(members)) for table, members in groups.values()]
                 inputs = [t for _, members in groups.values() for pair in members for t in pair]

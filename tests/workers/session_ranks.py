@@ -5,13 +5,16 @@ by tests/test_session_ranks.py: the same global batches either way.
                                                         [--restore PREFIX --start K]
                                                         [--modify-graph] [--die-at K]
                                                         [--shared-prefix]
+                                                        [--rows host|disk|expanding]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
 any number of ranks) and train global steps K+1..STEPS. ``--modify-graph``: the same model
 through automatic graph modification (lookups of raw ids, thresholds per lookup).
 ``--die-at K``: the last rank exits (status 7) before global step K. ``--shared-prefix``:
-every rank saves to ``PREFIX-K`` itself (refused over several ranks).
+every rank saves to ``PREFIX-K`` itself (refused over several ranks). ``--rows disk``:
+table a keeps 120 of its 4000 rows in memory over a disk tier; ``--rows expanding``: both
+tables grow (``init(use_dynamic_expansion=True)``).
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -30,16 +33,17 @@ import tensorflow as tf  # noqa: E402
 
 import sparseflow as sf  # noqa: E402
 from sparseflow.distributed import collectives  # noqa: E402
-from sparseflow.optimizers import lazy_adam  # noqa: E402
+from sparseflow.optimizers import lazy_adam, lazy_adam_by_addr  # noqa: E402
 from tests.pipeline_utils import sorted_state, two_table_data  # noqa: E402
 
 GLOBAL_BATCH = 32
 
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
-         start: int, modify_graph: bool, die_at: int = 0, shared_prefix: bool = False) -> None:
+         start: int, modify_graph: bool, die_at: int = 0, shared_prefix: bool = False,
+         rows: str = "host") -> None:
     tf.compat.v1.disable_eager_execution()
-    sf.init()
+    sf.init(use_dynamic_expansion=rows == "expanding")
     rank, size = collectives.rank_and_size()
     data = two_table_data(seed=3, n_rows=GLOBAL_BATCH * steps, v1=300, v2=60, drift=7)
     data["ts"] = np.arange(GLOBAL_BATCH * steps, dtype=np.int64) // GLOBAL_BATCH
@@ -48,7 +52,11 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
              sf.FeatureSpec("f3", table_name="b"),
              sf.FeatureSpec("ts", is_timestamp=True)]
     init = tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=7)
-    tables = [sf.create_table(tf.int64, 8, "a", init, device_vocabulary_size=4000),
+    # Table a's 4000 rows: 120 in memory over a disk tier (rows move in and out every step).
+    a_rows = ({"device_vocabulary_size": 100, "host_vocabulary_size": 20,
+               "ssd_vocabulary_size": 3880, "ssd_data_path": [os.path.join(out_dir, "ssd")]}
+              if rows == "disk" else {"device_vocabulary_size": 4000})
+    tables = [sf.create_table(tf.int64, 8, "a", init, **a_rows),
               sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200)]
     # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
     # dataset.shard by rank before batching).
@@ -76,11 +84,17 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
                                                                   logits=logit))
     loss = local / GLOBAL_BATCH
     dense, sparse = sf.get_dense_and_sparse_variable()
+    if rows == "expanding":   # expanding tables train through their local embeddings
+        sparse = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_LOCAL_EMB")
+        addresses = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_ID_OFFSET")
     grads = tf.gradients(loss, dense + sparse)
     dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
+    sparse_step = (lazy_adam_by_addr.create_hash_optimizer_by_address(0.05).apply_gradients(
+        zip(grads[len(dense):], addresses)) if rows == "expanding" else
+        lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
     train = tf.group(
         tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense)),
-        lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
+        sparse_step)
     global_loss = collectives.all_reduce(loss, "sum")
     saver = sf.Saver()
     if modify_graph:
@@ -120,6 +134,7 @@ if __name__ == "__main__":
     parser.add_argument("--modify-graph", action="store_true")
     parser.add_argument("--die-at", type=int, default=0)
     parser.add_argument("--shared-prefix", action="store_true")
+    parser.add_argument("--rows", choices=["host", "disk", "expanding"], default="host")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
-         a.die_at, a.shared_prefix)
+         a.die_at, a.shared_prefix, a.rows)
