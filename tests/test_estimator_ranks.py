@@ -98,6 +98,24 @@ def test_a_model_dir_resumes_on_another_number_of_ranks(runs, tmp_path, first, t
     _assert_same(_model(model_dir, 12, then or 1), _model(one, 12, 1))
 
 
+def test_one_process_exports_every_shard_of_a_two_rank_model_dir(runs, tmp_path):
+    """export_saved_model from the model_dir two ranks trained (one shard each) serves what
+    the one-process model serves: every key, from both shards."""
+    from tests.workers.estimator_ranks import data
+
+    served = []
+    for model_dir in runs:
+        out = tmp_path / model_dir.name
+        run_ranks([WORKER, model_dir, 12, "--export", out], None)
+        model = tf.saved_model.load((out / "path.txt").read_text())
+        features, _ = data(seed=9, steps=4)
+        served.append(model.signatures["serving_default"](
+            ids=tf.constant(features["ids"]), more=tf.constant(features["more"]))["prob"].numpy())
+    one, two = served
+    np.testing.assert_allclose(two, one, rtol=0, atol=1e-5)
+    assert np.std(one) > 0.01   # the rows matter: keys of both shards were found
+
+
 def test_ranks_save_on_a_time_interval_at_the_same_steps(runs, tmp_path):
     """``save_checkpoints_secs`` (RunConfig's default is 600) over ranks whose clocks
     disagree (rank 1's steps are slower): every rank saves after the same steps, as a save

@@ -2,13 +2,16 @@
 tests/test_estimator_ranks.py, on the same global batches either way.
 
     python -m tests.workers.estimator_ranks MODEL_DIR MAX_STEPS [--evaluate] [--save-secs]
+                                            [--export DIR]
 
 Trains (or resumes, from MODEL_DIR's latest checkpoint, on the batches after it) to global
 step MAX_STEPS, saving every 6 steps: one table (lazy Adam, admission threshold 2) read by
 two feature specs, a linear head (Adam) whose gradients are all-reduced with "sum", the
 loss the local batch's sum over the global batch size. ``--evaluate``: then evaluate 4 global
 batches of other data (loss, AUC, accuracy), each rank its part, and write the results to
-``MODEL_DIR/eval-rank{r}.json``. ``--save-secs``: checkpoints every 60 seconds instead.
+``MODEL_DIR/eval-rank{r}.json``. ``--save-secs``: checkpoints every second instead (rank 1's
+steps slowed). ``--export DIR``: no training; export MODEL_DIR's latest checkpoint (saved by
+any number of ranks) as a SavedModel under DIR, its path written to ``DIR/path.txt``.
 """
 
 import json
@@ -48,7 +51,8 @@ class SlowSteps(tf.compat.v1.train.SessionRunHook):
         time.sleep(self.seconds)
 
 
-def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False) -> None:
+def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False,
+         export_dir: str = "") -> None:
     tf.compat.v1.disable_eager_execution()
     rank, size = collectives.rank_and_size()
     specs = {}
@@ -70,6 +74,9 @@ def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False
         return ds.map(lambda f, l: (insert(f), l))
 
     def model_fn(features, labels, mode):
+        if mode == est.ModeKeys.PREDICT:   # exported: no input_fn made the specs
+            for name in ("ids", "more"):
+                specs[name] = sf.FeatureSpec(name, table_name="t")
         table = sf.create_table(tf.int64, 8, "t",
                                 tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=1),
                                 device_vocabulary_size=2000)
@@ -78,6 +85,8 @@ def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False
         w = tf.compat.v1.get_variable(
             "w", initializer=np.random.default_rng(5).normal(0, 0.3, (16, 1)).astype(np.float32))
         logits = tf.matmul(x, w)
+        if mode == est.ModeKeys.PREDICT:
+            return est.EstimatorSpec(mode, predictions={"prob": tf.sigmoid(logits)})
         loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
             labels=labels, logits=logits)) / GLOBAL_BATCH
         if mode == est.ModeKeys.EVAL:
@@ -96,6 +105,17 @@ def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False
                                                                       sparse)))
         return est.EstimatorSpec(mode, loss=loss, train_op=train)
 
+    if export_dir:
+        def serving_input_receiver_fn():
+            inputs = {"ids": tf.compat.v1.placeholder(tf.int64, [None, 4], name="ids"),
+                      "more": tf.compat.v1.placeholder(tf.int64, [None, 2], name="more")}
+            return est.export.ServingInputReceiver(inputs, inputs)
+
+        path = est.Estimator(model_fn, model_dir=model_dir).export_saved_model(
+            export_dir, serving_input_receiver_fn)
+        with open(os.path.join(export_dir, "path.txt"), "w") as f:
+            f.write(path.decode())
+        return
     schedule = ({"save_checkpoints_secs": 1} if save_secs
                 else {"save_checkpoints_steps": 6})
     config = est.RunConfig(model_dir=model_dir, log_step_count_steps=None,
@@ -112,5 +132,6 @@ def main(model_dir: str, max_steps: int, evaluate: bool, save_secs: bool = False
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--evaluate" in sys.argv[3:],
-         "--save-secs" in sys.argv[3:])
+    flags = sys.argv[3:]
+    main(sys.argv[1], int(sys.argv[2]), "--evaluate" in flags, "--save-secs" in flags,
+         flags[flags.index("--export") + 1] if "--export" in flags else "")
