@@ -147,7 +147,7 @@ def test_each_rank_writes_its_shard_and_names_every_shard(one_and_two_ranks):
     for rank in range(2):
         with open(two_dir / f"sparse-model-{rank}-{SAVE_AT}" / "manifest.json") as f:
             world = json.load(f)["world"]
-        assert world == {"rank": rank, "size": 2,
+        assert world == {"rank": rank, "size": 2, "hash": "mod",
                          "shards": [f"sparse-model-0-{SAVE_AT}", f"sparse-model-1-{SAVE_AT}"]}
 
 

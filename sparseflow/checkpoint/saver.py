@@ -392,7 +392,8 @@ class ShardPaths:
             fail("save_path", f"a path of its own on each of the {self.world.size} ranks "
                  f"(e.g. with the rank id in it, as Rec SDK's model-{{rank_id}}): every "
                  f"rank saves its shard", directory)
-        return {"rank": self.world.rank, "size": self.world.size, "shards": shards}
+        return {"rank": self.world.rank, "size": self.world.size, "shards": shards,
+                "hash": self.world.hash}
 
 
 def read_rank_states(directory: str, world, known=None, skip_unknown: bool = False) -> dict:
@@ -416,12 +417,16 @@ def read_rank_states(directory: str, world, known=None, skip_unknown: bool = Fal
     from sparseflow.distributed.sharding import rebucket
 
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
+    hash_ = world.hash if world is not None else "mod"
     saved = fmt.read_manifest(directory).get("world") or {"rank": 0, "size": 1,
                                                           "shards": [directory]}
-    if (saved["rank"], saved["size"]) == (rank, size):
+    # The same owners: as many ranks under the same owner rule (checkpoints written before
+    # the rule was recorded used "mod").
+    same = saved["size"] == size and (size == 1 or saved.get("hash", "mod") == hash_)
+    if same and saved["rank"] == rank:
         return _read_states(directory, known, skip_unknown)
     parent = os.path.dirname(os.path.abspath(directory))
-    if saved["size"] == size:   # another rank's prefix: this rank's shard is listed in it
+    if same:   # another rank's prefix: this rank's shard is listed in it
         return _read_states(os.path.join(parent, saved["shards"][rank]), known, skip_unknown)
     shards = [_read_states(os.path.join(parent, path), known, skip_unknown)
               for path in saved["shards"]]
@@ -432,4 +437,5 @@ def read_rank_states(directory: str, world, known=None, skip_unknown: bool = Fal
                 raise fmt.CheckpointError(
                     f"Checkpoint shard {saved['shards'][r]!r} (rank {r} of {saved['size']}) "
                     f"has no table `{name}`, which the other shards hold.")
-    return {name: rebucket([shard[name] for shard in shards], size)[rank] for name in names}
+    return {name: rebucket([shard[name] for shard in shards], size, hash_)[rank]
+            for name in names}

@@ -20,6 +20,7 @@ ending the data cannot break the next.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -33,7 +34,7 @@ from sparseflow.distributed.ranks import Ranks
 from sparseflow.distributed.step_keys import StepKeys
 from sparseflow.pipeline.graph_cache import graph_cache
 
-# Above the keys of the YAML trainer's groups (1000-1002).
+# Above the keys of the eager Exchange's groups (1000-1002).
 GRAPH_GROUP_KEY = 2000
 DEFAULT_TIMEOUT_SECONDS = 300.0
 TIMEOUT_VARIABLE = "SPARSEFLOW_COLLECTIVE_TIMEOUT"
@@ -103,12 +104,21 @@ def last_complete_checkpoint() -> str | None:
 
 @dataclasses.dataclass
 class GraphWorld:
-    """This rank's place among the ranks of a graph program and its running server."""
+    """This rank's place among the ranks of a graph program and its running server (None
+    in a world of one rank, which needs no collectives).
+
+    ``hash`` is the owner rule of every table's keys (``sharding.owner_of``: "mod", Rec
+    SDK's ``key mod N``, or "mix"); ``send_count``, if set, the most unique keys of one
+    table a rank sends one owner per batch (a static buffer width; None: the ranks agree on
+    each batch's width). A YAML job sets both (:func:`configure`).
+    """
 
     rank: int
     size: int
     server: object
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    hash: str = "mod"
+    send_count: int | None = None
 
     @property
     def target(self) -> str:
@@ -146,7 +156,7 @@ class GraphExchange(RunKeyedExchange):
         super().__init__(world_size, timeout_seconds, lambda: next(_GROUPS))
 
 
-# Group keys of graph collective ops: above the YAML trainer's (1000-1002) and the TF2
+# Group keys of graph collective ops: above the eager Exchange's (1000-1002) and the TF2
 # faces' (1010).
 _GROUPS = itertools.count(GRAPH_GROUP_KEY)
 
@@ -199,6 +209,42 @@ def join(ranks: Ranks, environ=None) -> GraphWorld:
         _WORLD = GraphWorld(world.index, world.size, server, timeout)
         _bind_sessions(_WORLD)
         return _WORLD
+
+
+def configure(*, hash: str = "mod", send_count: int | None = None,
+              timeout_seconds: float | None = None) -> None:
+    """Sets the current world's owner rule, static send width and collective timeout
+    (:class:`GraphWorld`); call before the tables and lookups are built. No world: nothing
+    to set."""
+    world = _WORLD
+    if world is None:
+        return
+    world.hash, world.send_count = hash, send_count
+    if timeout_seconds is not None:
+        world.timeout_seconds = float(timeout_seconds)
+
+
+@contextlib.contextmanager
+def one_rank():
+    """A world of one rank for the ``with`` block (none joined before it): the sharded
+    layer's path with no collectives (its ops are identities), so that one process keys,
+    counts and evicts at the owner in the step exactly as N ranks do. Restored on exit.
+
+    Raises:
+      RuntimeError: this process is already one of several ranks.
+    """
+    global _WORLD
+    with _LOCK:
+        if _WORLD is not None:
+            raise RuntimeError(f"This process is already rank {_WORLD.rank} of {_WORLD.size}.")
+        _WORLD = GraphWorld(0, 1, None)
+        _CHECKPOINTS.clear()
+    try:
+        yield _WORLD
+    finally:
+        with _LOCK:
+            _WORLD = None
+            _CHECKPOINTS.clear()   # its checkpoints are no later run's
 
 
 def _start_server(world: World, environ=None):

@@ -56,7 +56,7 @@ def router(rt, plan) -> KeyRouter:
             found = KeyRouter([rt.tables[name] for name in plan.tables],
                               [t for t, group in enumerate(specs) for _ in group],
                               [s.faae_coefficient for group in specs for s in group],
-                              rt.world.size)
+                              rt.world.size, rt.world.hash, rt.world.send_count)
             rt.routers[plan.plan_id] = found
     return found
 
