@@ -258,8 +258,10 @@ def _run(args, cfg) -> int:
 
 
 def _train(args, cfg) -> int:
-    """One process (the Session trainer), N local workers, or one worker of a cluster."""
-    from sparseflow.distributed.cluster import World, world_from_env
+    """One process; N local workers (``--workers N``: one model over tables sharded by key);
+    or, with ``TF_CONFIG``, one worker of a cluster."""
+    from sparseflow.distributed.cluster import world_from_env
+    from sparseflow.jobs import runner
 
     world = world_from_env()
     if args.workers is not None and not 1 <= args.workers <= MAX_LOCAL_WORKERS:
@@ -270,34 +272,42 @@ def _train(args, cfg) -> int:
         print("error: --workers starts local workers; this process already has TF_CONFIG "
               "(a cluster's worker): unset one of them", file=sys.stderr)
         return EXIT_USAGE
+    tty = False if args.no_progress else None
     if args.workers is not None and args.workers > 1:
         from sparseflow.distributed.launch import launch
-        from sparseflow.jobs.runner import output_dir
 
         argv = ["train", args.config, "--no-progress"]
         for override in args.overrides:
             argv += ["--set", override]
         if args.out:
             argv += ["--out", args.out]
-        return launch(argv, args.workers, output_dir(cfg),
+        return launch(argv, args.workers, runner.output_dir(cfg),
                       grace_seconds=cfg.distributed.timeout_seconds + 30)
-    if world is None and args.workers is None:
-        from sparseflow.jobs import runner
+    if world is None or world.size == 1:
+        if args.workers == 1:   # the sharded layer's path, alone: results as N workers'
+            from sparseflow.distributed.graph_world import one_rank
 
-        runner.train(cfg, tty=False if args.no_progress else None)
+            with one_rank():
+                runner.train(cfg, tty=tty)
+        else:
+            runner.train(cfg, tty=tty)
         return EXIT_OK
     from sparseflow.distributed.cluster import EXIT_ADDRESS_IN_USE, AddressInUseError
-    from sparseflow.distributed.trainer import WorkerLostError, train
+    from sparseflow.distributed.graph_world import RankLostError
 
-    # Any failure leaves at once: the keys thread may sit in a collective until its timeout,
-    # and TensorFlow's teardown of a cluster with a failed or dead peer can block.
+    # A worker of several. Any failure leaves at once: TensorFlow's teardown of a cluster
+    # with a failed or dead peer can block.
     try:
-        train(cfg, world or World(0, 1), tty=False if args.no_progress else None)
+        runner.train(cfg, tty=tty)
     except AddressInUseError as e:   # its own status: the launcher retries on other ports
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(EXIT_ADDRESS_IN_USE)
-    except (WorkerLostError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except RankLostError as e:   # it names the worker ("rank") already
+        print(f"error: {e.message}", file=sys.stderr, flush=True)
+        os._exit(EXIT_FAILED)
+    except ValueError as e:
+        print(f"error: worker {world.index} of {world.size}: {e}", file=sys.stderr,
+              flush=True)
         os._exit(EXIT_FAILED)
     except KeyboardInterrupt:
         os._exit(130)
@@ -307,7 +317,9 @@ def _train(args, cfg) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(EXIT_FAILED)
-    return EXIT_OK
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 def _log_to_stderr() -> None:

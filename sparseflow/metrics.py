@@ -1,4 +1,4 @@
-"""Evaluation metrics over numpy arrays, shared by the YAML trainers and the examples."""
+"""Evaluation metrics over numpy arrays, shared by the YAML job runner and the examples."""
 
 from __future__ import annotations
 

@@ -345,18 +345,25 @@ def test_a_log_gets_periodic_lines_with_the_rate(tmp_path):
     assert "\r" not in out.getvalue()
 
 
-def test_sharded_training_lines_name_their_worker(tmp_path):
-    from sparseflow.distributed.cluster import World
-    from sparseflow.distributed.trainer import train
+def test_one_worker_of_the_sharded_layer_trains_like_one_process(tmp_path):
+    """``--workers 1``: the job's one trainer on the sharded layer with a world of one rank
+    (keys processed at their owner in the step): without eviction, the same steps as the
+    one process, and the world is gone after it."""
+    from sparseflow.distributed import graph_world
 
+    path = tiny_job(tmp_path, "dlrm", steps=8)
+    plain = runner.train(load_config(path, [f"output.dir={tmp_path / 'one'}"]),
+                         stream=io.StringIO())
     out = io.StringIO()
-    train(load_config(tiny_job(tmp_path, "dlrm", steps=8)), World(0, 1), stream=out)
-    lines = out.getvalue().splitlines()
-    assert lines and all(line.startswith("[worker 0/1] ") for line in lines), lines
-    steps = [line for line in lines if line.startswith("[worker 0/1] step ") and "/8 [" in line]
-    assert [line.split(" [")[0] for line in steps] == ["[worker 0/1] step 4/8",
-                                                        "[worker 0/1] step 8/8"]
-    assert all("step/s" in line or "s/step" in line for line in steps)
+    with graph_world.one_rank():
+        sharded = runner.train(load_config(path, [f"output.dir={tmp_path / 'sharded'}"]),
+                               stream=out)
+    assert graph_world.current() is None
+    assert sharded["workers"] == 1 and plain["workers"] == 1
+    assert sharded["bytes_sent_per_step"] == 0.0
+    np.testing.assert_allclose(sharded["losses"], plain["losses"], rtol=0, atol=1e-5)
+    assert [line.split(" [")[0] for line in out.getvalue().splitlines()
+            if line.startswith("step ") and "/8 [" in line] == ["step 4/8", "step 8/8"]
 
 
 def test_format_table_aligns_columns():

@@ -1,16 +1,19 @@
 """Multi-worker training end to end: worker processes on loopback (``sparseflow train
 --workers N`` and workers started with their own TF_CONFIG) against one worker on the same
-global batches.
+global batches. Every worker runs the job's one trainer (``jobs/runner.py``) on the sharded
+layer the Session API uses over ranks.
 
 The job mixes what sharding must keep exact: a table whose keys need 2 occurrences to be
 admitted, a table with eviction on a timestamp column, a multi-hot feature with padding, two
 features sharing a table with different ``faae_coefficient``s, and tables of different dims.
 """
 
+import dataclasses
 import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparseflow.checkpoint import sparse_format as fmt
 from sparseflow.distributed.cluster import local_tf_config
 from sparseflow.distributed.launch import free_ports
 from sparseflow.distributed.sharding import owner_of
@@ -99,15 +101,14 @@ def summary(out) -> dict:
 
 
 def shard_states(out, step) -> list[dict]:
-    """Per worker of the checkpoint at ``step``: {table: TableState}."""
-    path = os.path.join(out, "checkpoints", f"step-{step:09d}")
-    shards = sorted(glob.glob(os.path.join(path, "worker-*")))
-    result = []
-    for directory in shards:
-        manifest = fmt.read_manifest(directory)
-        result.append({name: fmt.read_table_state(directory, name, entry)
-                       for name, entry in manifest["tables"].items()})
-    return result
+    """Per worker of the checkpoint at ``step``: {table: TableState} (its shard; worker r > 0
+    saves under ``model-rank<r>-<step>``)."""
+    from sparseflow.checkpoint.saver import read_shard_states
+
+    ckpt = os.path.join(out, "checkpoints")
+    n = 1 + len(glob.glob(os.path.join(ckpt, f"model-rank*-{step}.index")))
+    return [read_shard_states(os.path.join(ckpt, f"model-{step}" if r == 0
+                                            else f"model-rank{r}-{step}")) for r in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_two_workers_train_exactly_like_one(one_worker, tmp_path):
 
     tags = {v.tag for f in glob.glob(os.path.join(out, "events.out.tfevents.*"))
             for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value}
-    assert {"train/loss", "train/samples_per_sec", "eval/auc", "tables/t1/keys_held",
+    assert {"train/loss", "train/steps_per_sec", "eval/auc", "tables/t1/keys_held",
             "tables/t1/keys_evicted"} <= tags, tags
 
     # Each key lives on exactly one worker, its owner, with the one worker's row.
@@ -196,6 +197,26 @@ def test_one_worker_checkpoint_continues_on_two_and_two_on_one(one_worker, tmp_p
     assert abs(summary(out)["eval"]["auc"] - reference["eval"]["auc"]) < 1e-5
 
 
+def test_the_mixed_owner_rule_shards_by_it_and_resumes_on_one_worker(one_worker, tmp_path):
+    """``distributed.hash: mix``: each worker holds the keys the mixed hash gives it, the
+    run trains like one worker, and its checkpoint (recording the rule) resumes on one."""
+    _, _, reference = one_worker
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out)
+    mix = ["--set", "distributed.hash=mix"]
+    first = sparseflow("train", config, "--workers", "2", "--set", "schedule.max_steps=8",
+                       *mix)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for r, shard in enumerate(shard_states(out, 8)):
+        for name, state in shard.items():
+            assert (owner_of(state.keys, 2, "mix") == r).all(), (name, r)
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][:8], atol=1e-5)
+    rest = sparseflow("train", config, "--workers", "1", *mix)
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][8:], atol=1e-5)
+    assert abs(summary(out)["eval"]["auc"] - reference["eval"]["auc"]) < 1e-5
+
+
 def test_a_killed_worker_stops_the_other_with_a_clear_error_and_training_resumes(
         one_worker, tmp_path):
     _, _, reference = one_worker
@@ -220,15 +241,15 @@ def test_a_killed_worker_stops_the_other_with_a_clear_error_and_training_resumes
                 p.kill()
     assert procs[0].returncode == 1, output[-3000:]
     assert waited < 15 + 30, waited   # bounded by the collective timeout, not a hang
-    assert "another worker stopped answering" in output, output[-3000:]
-    assert "Restart all 2 workers" in output
-    # The newest complete checkpoint when the worker died: step 8, or a later one when the
-    # workers ran on before the kill landed (a loaded machine).
-    saved = re.search(r"the last complete checkpoint is \S+step-(\d+)", output)
+    assert ("error: Rank 0 of 2: a collective among the ranks did not complete, so another "
+            "rank died, hung or left (collectives wait 15 s") in output
+    # The newest checkpoint both workers completed when one died: step 8, or a later one
+    # when the workers ran on before the kill landed (a loaded machine).
+    saved = re.search(r"The last checkpoint every rank completed: (\S+)-(\d+) ", output)
     assert saved, output[-3000:]
-    k = int(saved.group(1))
+    k = int(saved.group(2))
     assert k >= 8 and k % 4 == 0, k
-    assert sorted(os.listdir(os.path.join(out, "checkpoints")))[-1] >= f"step-{k:09d}"
+    assert os.path.exists(os.path.join(out, "checkpoints", f"model-rank1-{k}.index"))
     resumed = sparseflow("train", config, "--workers", "2")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and f"(step {k})" in resumed.stdout
@@ -313,7 +334,7 @@ def test_eviction_on_a_time_interval_runs_per_shard(one_worker, tmp_path):
                      "--set", "schedule.eviction.every_steps=0",
                      "--set", "schedule.eviction.every_seconds=0.000001")
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    assert two.stdout.count("evicted") == 8
+    assert two.stderr.count("sparseflow eviction: table t1 removed") == 8   # worker 0's
     a, b = summary(out1), summary(out2)
     np.testing.assert_allclose(b["losses"], a["losses"], atol=1e-5)
     assert b["tables"]["t1"]["keys_evicted"] == a["tables"]["t1"]["keys_evicted"] > 0
@@ -357,29 +378,93 @@ def test_usage_errors_name_what_is_wrong(tmp_path):
     small = sparseflow("train", config, "--workers", "1", "--set",
                        "distributed.send_count=1")
     assert small.returncode == 1 and "Traceback" not in small.stderr
-    assert "error: worker 0 of 1, step 1: SendCountOverflowError: Table `t3`: a batch sends" \
-        in small.stderr and "more than distributed.send_count=1" in small.stderr
+    assert ("error: training stopped after step 0: SendCountOverflowError: Table `t3`: a "
+            "batch sends") in small.stderr and "more than distributed.send_count=1" in \
+        small.stderr
 
 
-def test_checkpoints_of_the_other_trainer_or_another_model_are_refused(tmp_path):
+def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path):
     out = str(tmp_path / "out")
     config = write_config(str(tmp_path), out)
-    two = ["--set", "schedule.max_steps=2"]
-    assert sparseflow("train", config, "--workers", "1", *two).returncode == 0
-    session = sparseflow("train", config, "--no-progress", *two)
-    assert session.returncode == 1
-    assert "holds checkpoints of multi-worker training" in session.stderr
-    changed = sparseflow("train", config, "--workers", "1", "--set", "schedule.max_steps=4",
-                         "--set", "model.deep_mlp=[8]")
-    assert changed.returncode == 1
-    assert "does not hold this job's dense model" in changed.stderr, changed.stderr[-2000:]
+    assert sparseflow("train", config, "--workers", "1",
+                      "--set", "schedule.max_steps=2").returncode == 0
+    for workers in (["--workers", "1"], ["--no-progress"]):
+        changed = sparseflow("train", config, *workers, "--set", "schedule.max_steps=4",
+                             "--set", "model.deep_mlp=[8]")
+        assert changed.returncode == 1
+        assert "does not hold this job's dense model" in changed.stderr, changed.stderr[-2000:]
+        assert "Traceback" not in changed.stderr
 
-    other = str(tmp_path / "other")
-    config = write_config(str(tmp_path), other)
-    assert sparseflow("train", config, "--no-progress", *two).returncode == 0
-    sharded = sparseflow("train", config, "--workers", "1", *two)
-    assert sharded.returncode == 1
-    assert "holds checkpoints of the single-process trainer" in sharded.stderr
+
+def test_a_checkpoint_of_the_earlier_multi_worker_trainer_resumes(tmp_path):
+    """Earlier versions' multi-worker trainer wrote ``step-N/`` (``world.json``, a shard per
+    worker, the dense model apart): training resumes from one (converted once into a
+    one-process checkpoint) on one worker and goes on as if never stopped (with plain SGD on
+    the dense model: the dense optimizer's state is not carried over); over several workers
+    it is refused, saying how to resume it."""
+    import tensorflow as tf
+
+    import sparseflow as sf
+    from sparseflow.checkpoint import sparse_format as fmt
+    from sparseflow.checkpoint.saver import read_sparse_states
+    from sparseflow.jobs.graph import job_graph
+    from sparseflow.jobs.schema import load_config
+
+    out = str(tmp_path / "out")
+    config = write_config(str(tmp_path), out, "")
+    sgd = ["--set", "optimizer.dense.name=sgd"]
+    whole = sparseflow("train", config, "--workers", "1", "--out", str(tmp_path / "whole"),
+                       *sgd)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    reference = summary(str(tmp_path / "whole"))
+    eight = sparseflow("train", config, "--workers", "1", "--set", "schedule.max_steps=8",
+                       "--set", "schedule.save_every=0", *sgd)
+    assert eight.returncode == 0, eight.stderr[-3000:]
+    ckpt = os.path.join(out, "checkpoints")
+    prefix = os.path.join(ckpt, "model-8")
+    # The same state in the earlier layout, split over 2 workers by key mod 2.
+    step_dir = os.path.join(ckpt, "step-000000008")
+    cfg = load_config(config)
+    entries = [{}, {}]
+    for name, state in read_sparse_states(prefix).items():
+        owners, counted = owner_of(state.keys, 2), owner_of(state.counted_keys, 2)
+        entry = cfg.table(name)
+        for r in range(2):
+            mine = dataclasses.replace(
+                state, keys=state.keys[owners == r], counts=state.counts[owners == r],
+                last_seen=state.last_seen[owners == r], values=state.values[owners == r],
+                counted_keys=state.counted_keys[counted == r],
+                counted_counts=state.counted_counts[counted == r])
+            entries[r][name] = fmt.write_table_state(
+                os.path.join(step_dir, f"worker-{r}-of-2"), name, mine, entry.dim,
+                {"dim": entry.dim, "capacity": entry.vocabulary_size,
+                 "access_threshold": -1, "eviction_threshold": -1})
+    for r in range(2):
+        fmt.write_manifest(os.path.join(step_dir, f"worker-{r}-of-2"), entries[r])
+    try:
+        with job_graph(cfg, training=False, evaluation=False) as job, \
+                tf.compat.v1.Session(graph=job.graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            job.saver.restore(sess, prefix)
+            tf.compat.v1.train.Checkpoint(model=job.model).write(
+                os.path.join(step_dir, "dense", "ckpt"), session=sess)
+    finally:
+        sf.terminate_config_initializer()
+    with open(os.path.join(step_dir, "world.json"), "w") as f:
+        json.dump({"step": 8, "world_size": 2, "hash": "mod",
+                   "tables": [t.name for t in cfg.tables]}, f)
+    for name in os.listdir(ckpt):   # only the earlier layout is left
+        if name != "step-000000008":
+            path = os.path.join(ckpt, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+    refused = sparseflow("train", config, "--workers", "2", *sgd)
+    assert refused.returncode == 1
+    assert "run `sparseflow train` with --workers 1 once" in refused.stdout + refused.stderr
+    resumed = sparseflow("train", config, "--workers", "1", *sgd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "(step 8)" in resumed.stdout
+    np.testing.assert_allclose(summary(out)["losses"], reference["losses"][8:], atol=1e-5)
 
 
 def _worker_logs(out) -> str:

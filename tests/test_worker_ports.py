@@ -79,7 +79,7 @@ def test_a_worker_whose_address_is_busy_stops_at_once_naming_it(tmp_path):
         busy.close()
         free[0].close()
     assert done.returncode == EXIT_ADDRESS_IN_USE, done.stdout[-2000:] + done.stderr[-3000:]
-    assert (f"error: worker 1 of 2 cannot listen on localhost:{port}, its address in "
+    assert (f"error: rank 1 of 2 cannot listen on localhost:{port}, its address in "
             f"TF_CONFIG (cluster.worker[1]): port {port} is in use by another process."
             in done.stderr), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -112,7 +112,7 @@ def test_the_launcher_gives_up_after_its_attempts_naming_the_worker(tmp_path):
     assert len(stolen) == 2 and stolen[0] != stolen[1]
     assert "attempt 2 of 2" in output
     # Worker 0's own message (it writes to the launcher's output), then the launcher's.
-    assert f"error: worker 0 of 2 cannot listen on localhost:{stolen[1]}" in output
+    assert f"error: rank 0 of 2 cannot listen on localhost:{stolen[1]}" in output
     assert (f"sparseflow: error: worker 0 on localhost:{stolen[1]} could not listen (another "
             f"process took the port), on each of 2 attempts with new ports" in output)
     assert "Traceback" not in output

@@ -1,6 +1,8 @@
-"""Multi-worker training: tables sharded across workers by key (issue 10, in progress).
+"""Several ranks training one model: tables sharded by key under every face.
 
-``sharding``: which worker owns a key, the per-owner send buffers of a batch's unique keys
-(Rec SDK's ``send_count``), and re-bucketing a checkpoint's table states to another world
-size. The collective exchange and the training loop come next.
+``ranks`` (which rank of how many), ``graph_world`` (a graph program's ranks and their
+server), ``sharded_lookup`` / ``batch_exchange`` / ``routing`` (a batch's keys to their
+owners and rows back), ``exchange`` / ``step_keys`` / ``collectives`` (TensorFlow's
+collectives), ``sharding`` (owners, re-bucketing a checkpoint), ``launch`` / ``launch_script``
+(local ranks); see ``docs/multi-worker.md``.
 """

@@ -107,3 +107,22 @@ class BatchExchange:
         received = self.to_owners(dy)
         return tf.numpy_function(self.router.update, [self.token, received], tf.int64,
                                  stateful=True, name="sparseflow_owner_update")
+
+
+def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
+               flags: bool = False, dense_parameters: int = 0) -> float:
+    """Mean bytes one rank sends per training step through one routed batch's exchange
+    (``widths``: the agreed width m of each step's buffers) and a ring all-reduce of
+    ``dense_parameters`` float32s: to each of the N-1 others, the counts (4 bytes per
+    table), keys with their weights (16 bytes per slot of m), rows back (``max_dim`` floats,
+    plus a has-row flag with ``flags``) and their gradients (``max_dim`` floats), the width
+    agreement (16 bytes); and 2 (N-1)/N of the dense gradients. 0.0 on one rank."""
+    if world_size <= 1:
+        return 0.0
+    others = world_size - 1
+    exchange = 0.0
+    if widths:
+        m = sum(widths) / len(widths)
+        reply = max_dim + int(flags)
+        exchange = others * (n_tables * 4 + m * 16 + m * reply * 4 + m * max_dim * 4 + 16)
+    return exchange + 2.0 * others / world_size * dense_parameters * 4

@@ -1,6 +1,6 @@
 """Which worker this process is, from ``TF_CONFIG`` (what ``MultiWorkerMirroredStrategy``
-reads too), starting its gRPC server, and the ``TF_CONFIG`` of each local worker
-``sparseflow train --workers N`` starts."""
+reads too), the error of a server that cannot listen on its address, and the ``TF_CONFIG``
+of each local worker ``sparseflow train --workers N`` starts."""
 
 from __future__ import annotations
 
@@ -71,32 +71,6 @@ def world_from_env(environ=None) -> World | None:
         raise ValueError(f"TF_CONFIG's task must be {{\"type\": \"worker\", \"index\": i}} "
                          f"with i in [0, {len(workers) - 1}]; received {task!r}.")
     return World(index, len(workers), workers[index])
-
-
-def start_server(world: World):
-    """Starts this worker's gRPC server and collective executor from ``TF_CONFIG``
-    (``tf.distribute.MultiWorkerMirroredStrategy``, which then waits for every worker).
-
-    Args:
-      world: this worker, from :func:`world_from_env`.
-
-    Returns:
-      The ``MultiWorkerMirroredStrategy``.
-
-    Raises:
-      AddressInUseError: the server could not listen on ``world.address`` (TensorFlow says
-        only "Could not start gRPC server", within milliseconds); the message names the
-        worker, the address and, where a probe finds it, why (the port in use, a
-        privileged port).
-    """
-    import tensorflow as tf
-
-    try:
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    except tf.errors.UnknownError as err:
-        if "Could not start gRPC server" not in str(err):
-            raise
-        raise address_in_use(world, "worker") from None
 
 
 def address_in_use(world: World, kind: str) -> AddressInUseError:

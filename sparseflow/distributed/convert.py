@@ -1,7 +1,9 @@
-"""A sharded checkpoint (``world.json`` + ``worker-r-of-N/`` + ``dense/``) as the
-single-process checkpoint ``sparseflow eval`` and ``export`` read: every table's shards
-merged (``rebucket`` to one worker), the dense variables loaded into the job's Session graph,
-saved with its ``Saver`` next to the shards (``single-process/model-<step>``), once."""
+"""A checkpoint of earlier versions' multi-worker trainer (``world.json`` +
+``worker-r-of-N/`` + ``dense/``) as a single-process checkpoint, which ``sparseflow eval`` and
+``export`` read and ``sparseflow train`` resumes from: every table's shards merged
+(``rebucket`` to one worker), the dense model loaded into the job's Session graph, saved with
+its ``Saver`` next to the shards (``single-process/model-<step>``; with the optimizer's slots,
+``single-process-training/``), once."""
 
 from __future__ import annotations
 
@@ -16,18 +18,23 @@ from sparseflow.jobs.graph import job_graph
 SINGLE_PROCESS_DIR = "single-process"
 
 
-def to_single_process(cfg, path: str) -> str:
+def to_single_process(cfg, path: str, training: bool = False) -> str:
     """The single-process checkpoint prefix of the sharded checkpoint ``path`` (written on
     the first call).
+
+    Args:
+      training: keep the sparse optimizer's slots too (to train on from it; the job's
+        training graph is built to convert it, under ``single-process-training/``).
 
     Raises:
       CheckpointError: a missing, truncated or corrupt file; a table the checkpoint lacks.
     """
     step = int(read_world(path)["step"])
-    prefix = os.path.join(path, SINGLE_PROCESS_DIR, "model")
+    prefix = os.path.join(path, SINGLE_PROCESS_DIR + ("-training" if training else ""),
+                          "model")
     if os.path.exists(f"{prefix}-{step}.index"):
         return f"{prefix}-{step}"
-    with job_graph(cfg, training=False, evaluation=False) as job, \
+    with job_graph(cfg, training=training, evaluation=False) as job, \
             tf.compat.v1.Session(graph=job.graph) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         status = tf.train.Checkpoint(model=job.model).read(os.path.join(path, "dense", "ckpt"))

@@ -1,5 +1,4 @@
-"""Which rank of how many this process is, from the environment its launcher set, and the
-guard that keeps a face that cannot shard from training N independent models.
+"""Which rank of how many this process is, from the environment its launcher set.
 
 Launchers announce a process's place in several ways; they are read in this order:
 
@@ -10,11 +9,9 @@ Launchers announce a process's place in several ways; they are read in this orde
 - Rec SDK's rank table launch: ``RANK_ID`` / ``RANK_SIZE``;
 - ``TF_CONFIG`` (``sparseflow train --workers N`` and ``MultiWorkerMirroredStrategy``).
 
-Only YAML jobs shard tables over several processes today (``distributed/``, through
-``TF_CONFIG``). The Session API (``init``), the ``mx_rec`` facade, ``sparseflow.tf2``, the
-Keras layer and the Estimator call :func:`require_one_process`: started as one of several
-ranks, they fail naming what they found, instead of each rank silently training a model of
-its own on its part of the data.
+Every face reads it: the Session API (``init``, the ``mx_rec`` facade), the Estimator, the
+TF2 faces and YAML jobs shard their tables over the ranks found (``docs/multi-worker.md``);
+several ranks without the addresses their collectives need fail naming what was found.
 """
 
 from __future__ import annotations
@@ -101,29 +98,3 @@ def _from_tf_config(raw: str) -> Ranks:
         return Ranks(0, 1, f"TF_CONFIG (a {kind} task)")
     rank = order.index((kind, index))
     return Ranks(rank, len(order), f"TF_CONFIG ({kind} {index}, {len(order)} training tasks)")
-
-
-def require_one_process(face: str, environ=None) -> Ranks:
-    """Fails when this process is one of several ranks: ``face`` (an API, named in the
-    message) trains one process's model only.
-
-    Args:
-      face: what the user called, e.g. "sparseflow.init()".
-      environ: the environment to read (default ``os.environ``).
-
-    Returns:
-      The :class:`Ranks` (of size 1).
-
-    Raises:
-      RuntimeError: several ranks; the message names what was found and what to do.
-      ValueError: as :func:`detect`.
-    """
-    ranks = detect(environ)
-    if ranks.size > 1:
-        raise RuntimeError(
-            f"{face}: this process is rank {ranks.rank} of {ranks.size} ({ranks.source}), but "
-            f"{face} trains the tables of one process: each of the {ranks.size} ranks would "
-            f"train a model of its own on its part of the data. Run the script as one process, "
-            f"or train a YAML job on several workers (sparseflow train CONFIG --workers N; "
-            f"docs/multi-worker.md).")
-    return ranks

@@ -39,12 +39,20 @@ _SEEDED = {"truncated_normal", "random_normal", "random_uniform", "glorot_unifor
 
 @dataclass
 class Tower:
-    """One channel's tensors: the batch, the loss, predicted probabilities and labels."""
+    """One channel's tensors: the batch, the loss, predicted probabilities and labels.
+
+    Over N ranks (workers) each rank reads its part of every global batch: ``loss`` is the
+    global batch's mean (the same on every rank), ``objective`` this rank's part of it (the
+    local rows' summed loss over the global batch's size, what the rank differentiates: its
+    dense gradients summed over the ranks are the global mean's), and an evaluation tower's
+    ``probabilities`` and ``labels`` are every rank's rows, gathered.
+    """
 
     batch: dict
     loss: tf.Tensor
     probabilities: tf.Tensor   # float32 [batch, n_labels]
     labels: tf.Tensor          # float32 [batch, n_labels]
+    objective: tf.Tensor | None = None
 
 
 @dataclass
@@ -65,6 +73,17 @@ class JobGraph:
     eval: Tower | None = None
     saver: object = None
     specs: dict = field(default_factory=dict)   # channel -> list of FeatureSpec
+    world: object = None               # graph_world.GraphWorld over the workers, or None
+    # Over workers, fed and fetched with every training step: "this worker's eviction is
+    # due" summed over the workers (every worker evicts after the same steps).
+    evict_due: tf.Tensor | None = None
+    evict_due_anywhere: tf.Tensor | None = None
+    # Over workers: table statistics [n_tables, k] fed, summed over the workers.
+    table_stats: tf.Tensor | None = None
+    table_stats_summed: tf.Tensor | None = None
+    # Over workers: [step, -step] of the checkpoint each resumed from, the max over them.
+    start_steps: tf.Tensor | None = None
+    start_steps_max: tf.Tensor | None = None
 
     @classmethod
     def build(cls, cfg: JobConfig, *, training: bool = True, evaluation: bool = True,
@@ -82,9 +101,24 @@ class JobGraph:
 
         Raises:
           NotInitializedError: ``sparseflow.init()`` is not active.
-          ValueError: the data cannot be read as configured (see ``make_dataset``).
+          ValueError: the data cannot be read as configured (see ``make_dataset``), or over
+            several workers the batch size is not a multiple of their number.
         """
+        from sparseflow.distributed import collectives, graph_world
+
         tf.compat.v1.set_random_seed(cfg.schedule.seed)
+        world = sf.runtime.current("JobGraph.build").world
+        if world is not None:
+            graph_world.configure(hash=cfg.distributed.hash,
+                                  send_count=cfg.distributed.send_count,
+                                  timeout_seconds=cfg.distributed.timeout_seconds)
+            for what, size in (("schedule.batch_size", cfg.schedule.batch_size),
+                               ("the eval batch size", eval_batch_size or 0)):
+                if size % world.size:
+                    raise ValueError(
+                        f"{what} ({size}) must be a multiple of the number of workers "
+                        f"({world.size}): each worker trains on an equal part of every "
+                        f"global batch.")
         tables = {t.name: _create_table(t, cfg.schedule.seed + i)
                   for i, t in enumerate(cfg.tables)}
         n_labels = len(cfg.columns.labels)
@@ -92,26 +126,38 @@ class JobGraph:
                             seed=cfg.schedule.seed)
         global_step = tf.compat.v1.train.get_or_create_global_step()
         job = cls(cfg=cfg, graph=tf.compat.v1.get_default_graph(), tables=tables, model=model,
-                  global_step=global_step)
+                  global_step=global_step, world=world)
         if training:
             specs = _feature_specs(cfg, with_timestamp=True)
             job.specs["train"] = specs
             job.train_skip = tf.compat.v1.placeholder_with_default(
                 tf.constant(0, tf.int64), [], name="train_batches_to_skip")
             job.train_iterator = _iterator(cfg, "train", specs, True, cfg.schedule.batch_size,
-                                           skip=job.train_skip)
+                                           skip=job.train_skip, world=world)
             job.train = job._tower(job.train_iterator.get_next(), specs, is_train=True)
-            job.train_op = job._optimize(job.train.loss)
+            job.train_op = job._optimize(job.train.objective)
         if evaluation:
             specs = _feature_specs(cfg, with_timestamp=False)
             job.specs["eval"] = specs
             job.eval_iterator = _iterator(cfg, "eval", specs, False,
-                                          eval_batch_size or cfg.schedule.batch_size)
+                                          eval_batch_size or cfg.schedule.batch_size,
+                                          world=world)
             job.eval = job._tower(job.eval_iterator.get_next(), specs, is_train=False)
         if not model.variables:  # no tower: create the variables for the Saver to restore
             call_on_zeros(model, cfg)
+        if world is not None:
+            job.evict_due = tf.compat.v1.placeholder_with_default(
+                tf.constant(0, tf.int32), [], name="evict_due")
+            job.evict_due_anywhere = collectives.all_reduce(job.evict_due, "sum")
+            job.table_stats = tf.compat.v1.placeholder(tf.float64, [len(tables), None],
+                                                       name="table_stats")
+            job.table_stats_summed = collectives.all_reduce(job.table_stats, "sum")
+            job.start_steps = tf.compat.v1.placeholder(tf.int64, [2], name="start_steps")
+            job.start_steps_max = collectives.all_reduce(job.start_steps, "max")
         sf.start_asc_pipeline()
-        job.saver = sf.Saver(max_to_keep=3)
+        # Over workers each writes its shard; workers other than 0 under <prefix>-rank<r>,
+        # so that all are given one checkpoint directory.
+        job.saver = sf.Saver(max_to_keep=3, rank_files=world is not None)
         return job
 
     def _tower(self, batch: dict, specs: list, *, is_train: bool) -> Tower:
@@ -122,14 +168,33 @@ class JobGraph:
             pooled.append(pool(emb, batch[feature.index_key], feature.combiner))
         logits = apply_model(self.model, self.cfg, batch.get("dense"), pooled)
         labels = batch["labels"]
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits))
-        return Tower(batch=batch, loss=loss, probabilities=tf.sigmoid(logits), labels=labels)
+        per_example = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+        probabilities = tf.sigmoid(logits)
+        if self.world is None:
+            loss = tf.reduce_mean(per_example)
+            return Tower(batch=batch, loss=loss, probabilities=probabilities, labels=labels,
+                         objective=loss)
+        from sparseflow.distributed import collectives
 
-    def _optimize(self, loss: tf.Tensor) -> tf.Operation:
+        # Every global batch is whole (make_dataset drops a partial last one): its size is
+        # the local one times the workers.
+        local_sum = tf.reduce_sum(per_example)
+        global_size = tf.cast(tf.size(per_example) * self.world.size, tf.float32)
+        loss = collectives.all_reduce(local_sum, "sum") / global_size
+        if not is_train:
+            probabilities = collectives.all_gather(probabilities)
+            labels = collectives.all_gather(labels)
+        return Tower(batch=batch, loss=loss, probabilities=probabilities, labels=labels,
+                     objective=local_sum / global_size)
+
+    def _optimize(self, objective: tf.Tensor) -> tf.Operation:
         dense_vars, sparse_vars = sf.get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense_vars + sparse_vars)
+        grads = tf.gradients(objective, dense_vars + sparse_vars)
         dense_grads, sparse_grads = grads[:len(dense_vars)], grads[len(dense_vars):]
+        if self.world is not None:   # the dense model stays one: gradients summed
+            from sparseflow.distributed import collectives
+            dense_grads = [None if g is None else collectives.all_reduce(g, "sum")
+                           for g in dense_grads]
         used = [(g, t) for g, t in zip(sparse_grads, sparse_vars) if g is not None]
         sparse_op = _sparse_optimizer(self.cfg).apply_gradients(used)
         dense_op = dense_optimizer(self.cfg).apply_gradients(
@@ -213,11 +278,17 @@ def _feature_specs(cfg: JobConfig, *, with_timestamp: bool) -> list:
 
 
 def _iterator(cfg: JobConfig, split: str, specs: list, is_training: bool, batch_size: int,
-              skip: tf.Tensor | None = None):
+              skip: tf.Tensor | None = None, world=None):
     dataset = make_dataset(cfg.data, cfg.columns, split, batch_size=batch_size,
                            seed=cfg.schedule.seed, repeat=is_training)
     if skip is not None:   # before the key processing: skipped batches count no key
         dataset = dataset.skip(skip)
+    if world is not None and world.size > 1:
+        # Worker r trains rows [r B/N, (r+1) B/N) of every global batch of B rows: N workers
+        # train on the global batches one process would.
+        rank, part = world.rank, batch_size // world.size
+        dataset = dataset.map(lambda batch: {k: v[rank * part:(rank + 1) * part]
+                                             for k, v in batch.items()})
     dataset = dataset.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=is_training),
                           num_parallel_calls=map_parallelism(cfg))
     return tf.compat.v1.data.make_initializable_iterator(dataset.prefetch(2))

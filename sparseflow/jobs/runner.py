@@ -70,6 +70,13 @@ def output_dir(cfg: JobConfig) -> str:
 def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = None) -> dict:
     """Trains the job to ``schedule.max_steps`` and returns the run's summary.
 
+    One process, or one of N workers: when this process is one of several ranks
+    (``sparseflow train --workers N`` starts them, each with its ``TF_CONFIG``), or inside
+    ``graph_world.one_rank()`` (``--workers 1``), the tables are sharded by key over the
+    workers (``docs/multi-worker.md``): each worker trains its part of every global batch,
+    keys are counted, admitted, stamped and evicted at their owner in the step, and the
+    dense gradients are summed; worker 0 writes the output files.
+
     Args:
       cfg: the validated job config.
       stream: progress and log output; default ``sys.stdout``.
@@ -77,13 +84,16 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
 
     Returns:
       The summary also written to ``<output.dir>/summary.json``: steps, samples, seconds,
-      samples/s, input-wait share, last training loss, evaluation metrics, per-table
-      statistics and the final checkpoint.
+      samples/s, input-wait share, each step's loss and the last window's, evaluation
+      metrics, per-table statistics (summed over the workers' shards), the workers, the
+      bytes a worker sent per step, and the final checkpoint.
 
     Raises:
-      ValueError: the data cannot be read as configured, or one of sparseflow's errors
-        stopped the input pipeline or the step (a full table or fast tier:
-        ``"training stopped after step N: CacheFullError: ..."``).
+      ValueError: the data cannot be read as configured, the batch does not split over the
+        workers, or one of sparseflow's errors stopped the input pipeline or the step (a
+        full table or fast tier: ``"training stopped after step N: CacheFullError: ..."``).
+      RankLostError: over workers, a collective did not complete (another worker died or
+        hangs); the message names the last checkpoint every worker completed.
       tf.errors.OpError: TensorFlow failed while running the step.
 
     Whatever ends the run, its session (and with it the input pipeline) is closed and
@@ -93,29 +103,29 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
     out = output_dir(cfg)
     ckpt_dir = os.path.join(out, CHECKPOINT_SUBDIR)
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
     sched = cfg.schedule
-    from sparseflow.distributed.shard_files import complete_checkpoints
-
-    if complete_checkpoints(ckpt_dir) and not sf.latest_checkpoint(ckpt_dir):
-        raise ValueError(
-            f"{ckpt_dir} holds checkpoints of multi-worker training, which the single-process "
-            f"trainer does not resume: run `sparseflow train` with --workers N (N may be 1), "
-            f"or use another output.dir.")
+    earlier = _earlier_trainer_checkpoint(cfg, ckpt_dir)
     has_eval = has_eval_split(cfg)
-    writer = ScalarWriter(out if cfg.output.tensorboard else None)
     step = 0
     # Outermost, the errors: they leave after the session and the tables are released.
-    with _clear_errors(lambda: step), contextlib.closing(writer), \
+    with _clear_errors(lambda: step), contextlib.ExitStack() as closing, \
             job_graph(cfg, training=True, evaluation=has_eval) as job, \
             _session(job.graph) as sess:
+        world = job.world
+        chief = world is None or world.rank == 0
+        if chief:
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump(cfg.to_dict(), f, indent=2)
+        writer = closing.enter_context(contextlib.closing(
+            ScalarWriter(out if cfg.output.tensorboard and chief else None)))
         sess.run(tf.compat.v1.global_variables_initializer())
-        latest = sf.latest_checkpoint(ckpt_dir)
+        latest = earlier or sf.latest_checkpoint(ckpt_dir)
         if latest:
-            job.saver.restore(sess, latest)
-            stream.write(f"resumed from {latest}\n")
+            _restore(sess, job, latest)
+            stream.write(f"resumed from {latest} (step {int(sess.run(job.global_step))})\n")
         step = int(sess.run(job.global_step))
+        if world is not None:
+            _check_same_start(sess, job, step)
         # After the restore, and past the batches already trained on: a resumed run reads
         # the batches the uninterrupted run would have read next.
         sess.run(job.train_iterator.initializer, {job.train_skip: step})
@@ -128,23 +138,28 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
         eval_metrics: dict = {}
         last_saved = None
         fetches = [job.train_op, job.train.loss]  # each run adds 1 to the global step
+        if world is not None:   # every worker evicts after the same steps
+            fetches.append(job.evict_due_anywhere)
         while step < sched.max_steps:
             traced = (step - start_step) % _TRACE_EVERY == _TRACE_EVERY - 1
+            feed = {job.evict_due: int(eviction.due(step + 1))} if world is not None else None
             begin = time.perf_counter()
             if traced:
                 meta = tf.compat.v1.RunMetadata()
-                _, loss = sess.run(fetches, options=traced_run_options(), run_metadata=meta)
+                values = sess.run(fetches, feed, options=traced_run_options(),
+                                  run_metadata=meta)
                 traced_seconds.append(time.perf_counter() - begin)
                 waits.append(input_wait_seconds(meta))
             else:
-                _, loss = sess.run(fetches)
+                values = sess.run(fetches, feed)
                 if step > start_step:  # the first step compiles kernels and allocates
                     timed_seconds += time.perf_counter() - begin
                     timed_steps += 1
             step += 1
-            losses.append(float(loss))
-            if eviction.due(step):
-                sf.evict()
+            losses.append(float(values[1]))
+            due = values[2] > 0 if world is not None else eviction.due(step)
+            if due:
+                sf.evict()   # over workers: each its own shards
                 eviction.evicted()
             status = None
             if step % sched.log_every == 0 or step == sched.max_steps:
@@ -152,7 +167,7 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
                 window = float(np.mean(losses[-sched.log_every:]))
                 status = f"loss {window:.4f}"
                 writer.scalars(step, {"train/loss": window, "train/steps_per_sec": rate,
-                                      **_table_scalars(job)})
+                                      **_table_scalars(_table_stats(sess, job))})
             progress.update(step, status)
             if has_eval and sched.eval_every and step % sched.eval_every == 0 \
                     and step < sched.max_steps:
@@ -171,8 +186,10 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
         wait_share = (sum(waits) / sum(traced_seconds)) if traced_seconds else None
         if wait_share is not None:
             writer.scalars(step, {"train/input_wait_share": wait_share})
+        tables = _table_stats(sess, job)
         summary = {
-            "name": cfg.name, "steps": step, "steps_this_run": step - start_step,
+            "name": cfg.name, "workers": 1 if world is None else world.size,
+            "steps": step, "steps_this_run": step - start_step,
             "batch_size": sched.batch_size,
             "samples_this_run": (step - start_step) * sched.batch_size,
             "train_seconds_timed": timed_seconds, "timed_steps": timed_steps,
@@ -180,15 +197,144 @@ def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = N
                                 if timed_seconds else None),
             "input_wait_share": wait_share,
             "train_loss": float(np.mean(losses[-sched.log_every:])) if losses else None,
+            "losses": losses,
             "eval": eval_metrics,
-            "tables": {name: t.stats() for name, t in job.tables.items()},
+            "tables": tables,
+            "bytes_sent_per_step": _bytes_per_step(job),
+            # Over workers, where a step's time goes outside TensorFlow's kernels: routing a
+            # batch's keys (in tf.data, overlapping the step), and at the owner, in the step,
+            # key processing, the rows' read and the update (evaluation included).
+            "ms_per_step": _owner_ms_per_step(job, step - start_step),
             "checkpoint": last_saved,
         }
-    writer.close()
-    with open(os.path.join(out, SUMMARY_FILE), "w") as f:
-        json.dump(summary, f, indent=2, default=_json_scalar)
+    if chief:
+        with open(os.path.join(out, SUMMARY_FILE), "w") as f:
+            json.dump(summary, f, indent=2, default=_json_scalar)
     stream.write(summary_text(summary) + "\n")
     return summary
+
+
+def _restore(sess, job: JobGraph, prefix: str) -> None:
+    """Restores ``prefix`` into the job.
+
+    Raises:
+      ValueError: the checkpoint's dense variables are not this job's model (names or
+        shapes differ: the model section changed).
+    """
+    def refuse(why: str):
+        return ValueError(f"Checkpoint {prefix!r} does not hold this job's dense model (was "
+                          f"the model section changed?): {why[:300]}")
+
+    # TF's Saver would load a variable of another shape without a word (a resource
+    # variable's assign takes any shape): compare first.
+    saved = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    for variable in job.model.variables:
+        name = variable.name.split(":")[0]
+        if name not in saved:
+            raise refuse(f"it has no variable {name!r}")
+        if list(saved[name]) != variable.shape.as_list():
+            raise refuse(f"{name!r} is {list(saved[name])} there, "
+                         f"{variable.shape.as_list()} in this job")
+    try:
+        job.saver.restore(sess, prefix)
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as err:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        raise refuse(lines[0] if lines else type(err).__name__) from None
+
+
+def _earlier_trainer_checkpoint(cfg: JobConfig, ckpt_dir: str) -> str | None:
+    """A checkpoint of the multi-worker trainer of earlier versions (``step-N/world.json``)
+    in ``ckpt_dir`` with no newer checkpoint beside it: converted once into a one-process
+    checkpoint, which resumes on any number of workers (None: none there).
+
+    Raises:
+      ValueError: over several workers (the conversion builds the job in one process:
+        resume once with ``--workers 1``, then train on with any number).
+    """
+    from sparseflow.distributed import ranks
+    from sparseflow.distributed.convert import to_single_process
+    from sparseflow.distributed.shard_files import complete_checkpoints, read_world
+
+    sharded = complete_checkpoints(ckpt_dir)
+    if not sharded:
+        return None
+    latest = sf.latest_checkpoint(ckpt_dir)
+    if latest is not None and _step_of(latest) >= int(read_world(sharded[-1])["step"]):
+        return None
+    if ranks.detect().size > 1:
+        raise ValueError(
+            f"{ckpt_dir} holds a checkpoint of sparseflow's earlier multi-worker trainer "
+            f"({sharded[-1]}), which is resumed by converting it in one process: run "
+            f"`sparseflow train` with --workers 1 once, then train on with any number of "
+            f"workers.")
+    logger.warning("Resuming %s, a checkpoint of sparseflow's earlier multi-worker trainer: "
+                   "the model, the tables and the step are restored; the dense optimizer's "
+                   "state (e.g. Adam's moments) starts afresh.", sharded[-1])
+    return to_single_process(cfg, sharded[-1], training=True)
+
+
+def _table_stats(sess, job: JobGraph) -> dict:
+    """Per table, its statistics; over workers the counts summed over every worker's shard
+    (``keys_held_here``: this worker's)."""
+    stats = {name: table.stats() for name, table in job.tables.items()}
+    if job.world is None:
+        return stats
+    fields = ("keys_held", "keys_evicted", "keys_counted_not_admitted", "capacity")
+    local = np.array([[stats[name][k] or 0 for k in fields] for name in job.tables],
+                     np.float64)
+    total = sess.run(job.table_stats_summed, {job.table_stats: local})
+    for (name, table_stats), row, mine in zip(stats.items(), total, local[:, 0]):
+        counted = table_stats["keys_counted_not_admitted"]
+        table_stats.update({k: int(v) for k, v in zip(fields, row)})
+        if counted is None:   # sketch counting: no exact count to sum
+            table_stats["keys_counted_not_admitted"] = None
+        table_stats["keys_held_here"] = int(mine)
+    return stats
+
+
+def _owner_ms_per_step(job: JobGraph, steps: int) -> dict | None:
+    """Per stage of the sharded layer's key routing (``KeyRouter.seconds``), ms per step
+    of this run; None in one process."""
+    if job.world is None or not steps:
+        return None
+    routers = _training_routers()
+    stages = sorted({stage for router in routers for stage in router.seconds})
+    return {stage: 1000 * sum(r.seconds[stage] for r in routers) / steps for stage in stages}
+
+
+def _bytes_per_step(job: JobGraph) -> float:
+    """What a worker sent per training step (0.0 in one process; see
+    ``batch_exchange.step_bytes``)."""
+    from sparseflow.distributed.batch_exchange import step_bytes
+
+    world = job.world
+    if world is None or world.size == 1:
+        return 0.0
+    dense = sum(int(np.prod(v.shape)) for v in job.model.trainable_variables)
+    return sum(step_bytes(list(router.widths), world.size, len(router.tables), router.max_dim,
+                          flags=True) for router in _training_routers()) \
+        + step_bytes([], world.size, 0, 0, dense_parameters=dense + 1)
+
+
+def _training_routers() -> list:
+    """The key routers of the training batches (not the evaluation's)."""
+    rt = sf.runtime.current("summary")
+    return [router for plan_id, router in rt.routers.items()
+            if rt.insert_plans[plan_id].is_training]
+
+
+def _check_same_start(sess, job: JobGraph, step: int) -> None:
+    """Over workers: every worker resumed from the same step.
+
+    Raises:
+      ValueError: they did not (a worker saw another output.dir, or a stale view of it).
+    """
+    most, negative_least = sess.run(job.start_steps_max, {job.start_steps: [step, -step]})
+    if most != -negative_least:
+        raise ValueError(
+            f"Workers resumed from different checkpoints (steps {-negative_least} to {most}; "
+            f"worker {job.world.rank} from step {step}): every worker must see the same "
+            f"output.dir (a shared file system for workers on several machines).")
 
 
 def evaluate(cfg: JobConfig, checkpoint: str, *, stream: IO[str] | None = None,
@@ -314,7 +460,7 @@ def resolve_checkpoint(checkpoint: str, cfg: JobConfig | None = None) -> str:
             from sparseflow.distributed.shard_files import read_world, sharded_checkpoint
 
             sharded = sharded_checkpoint(path, CHECKPOINT_SUBDIR)
-            # Both kinds in one place: the newer step (a run went on with the other trainer).
+            # Both layouts in one place: the newer step (a run went on after an upgrade).
             if sharded and (latest is None or read_world(sharded)["step"] > _step_of(latest)):
                 return to_single_process(cfg, sharded)
         if latest:
@@ -375,10 +521,10 @@ def eval_metrics(cfg: JobConfig, losses: list, probs: list, labels: list) -> dic
     return metrics
 
 
-def _table_scalars(job: JobGraph) -> dict:
+def _table_scalars(tables: dict) -> dict:
+    """TensorBoard scalars of :func:`_table_stats`' statistics."""
     values = {}
-    for name, table in job.tables.items():
-        stats = table.stats()
+    for name, stats in tables.items():
         values[f"tables/{name}/keys_held"] = stats["keys_held"]
         values[f"tables/{name}/keys_evicted"] = stats["keys_evicted"]
         if stats["keys_counted_not_admitted"] is not None:

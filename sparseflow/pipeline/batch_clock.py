@@ -3,8 +3,8 @@
 Rec SDK's eviction semantics (``../shared/REC_SDK.md``, Eviction): a batch's timestamp is the
 latest of its rows' timestamps; the table clock is the largest batch timestamp seen, and every
 key in a training batch has its last-seen time refreshed to the batch's timestamp. Every face
-(the ``get_asc_insert_func`` map function, the TF2 ``Embedding.preprocess`` and the sharded
-trainer's routing map) reduces its timestamp column here, so that they cannot disagree.
+(the ``get_asc_insert_func`` map function, over ranks its routing, and the TF2
+``Embedding.preprocess``) reduces its timestamp column here, so that they cannot disagree.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from sparseflow.distributed.batch_exchange import BatchExchange
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
 from sparseflow.distributed.routing import KeyRouter
 
-# Above the YAML trainer's groups (GROUP_KEY .. GROUP_KEY + 2).
+# Above the eager Exchange's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
 _ROUTE = ("route/send", "route/counts", "route/place", "route/gather", "route/sizes",
           "route/timestamp")
