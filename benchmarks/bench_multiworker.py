@@ -5,15 +5,16 @@ Reference workload: ``configs/demo.yaml`` (generated Criteo-shaped batches of 40
 single-hot features over Kaggle Criteo's cardinalities capped at 10^6, 13 dense features,
 dim 16, DLRM 64-16 / 256-128, lazy Adam + Adam). Runs, round-robin, each a fresh process:
 
-  session   ``sparseflow train`` (one process, the Session trainer: the baseline)
-  sharded1  ``sparseflow train --workers 1`` (the sharded step, no collectives)
+  session   ``sparseflow train`` (one process: the baseline)
+  sharded1  ``sparseflow train --workers 1`` (the same trainer on the sharded layer with a
+            world of one: keys processed at their owner in the step, no collectives)
   sharded2  ``sparseflow train --workers 2`` (2 local worker processes on loopback, each with
             half of every 4096-row global batch)
 
-Throughput is the median over rounds of steps after the first (which traces and compiles).
-Bytes per step are what one worker puts on the wire in a step (``ShardedJob.step_bytes``:
-the padded all-to-all buffers to the N-1 others, and a ring all-reduce's 2(N-1)/N of the
-dense gradients).
+Throughput is the median over rounds of the trainer's timed steps (after the first, which
+traces and compiles). Bytes per step are what one worker puts on the wire in a step
+(``batch_exchange.step_bytes``: the padded all-to-all buffers to the N-1 others, and a ring
+all-reduce's 2(N-1)/N of the dense gradients).
 
 Projection (weak scaling: 4096 rows per worker, N x 4096 per global batch): N generated
 batches are routed for N workers with the real router, which gives the agreed buffer width
@@ -62,25 +63,27 @@ def run(kind: str, steps: int, out: str) -> dict:
         raise RuntimeError(f"{kind} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
-    rate = summary["samples_per_sec"] if kind == "session" else summary[
-        "samples_per_second_warm"]
-    return {"rate": rate, "bytes": summary.get("bytes_sent_per_step", 0.0),
-            "stages": summary.get("ms_per_step"),
-            "loss": summary.get("final_loss") or summary.get("train_loss")}
+    return {"rate": summary["samples_per_sec"], "bytes": summary["bytes_sent_per_step"],
+            "stages": summary.get("ms_per_step"), "loss": summary["train_loss"]}
 
 
 def projection(counts: list[int], dense_parameters: int, dim: int, n_tables: int,
                step_seconds: float) -> list[dict]:
     """Bytes and exchange time per worker per step for N workers (see the module doc)."""
+    from sparseflow.distributed.batch_exchange import step_bytes
     from sparseflow.distributed.routing import KeyRouter
-    from sparseflow.distributed.trainer import shard_tables
     from sparseflow.jobs.data import make_dataset
+    from sparseflow.jobs.graph import table_initializer
     from sparseflow.jobs.schema import load_config
+    from sparseflow.table import host_table
 
     most = max(counts)
     cfg = load_config(CONFIG, [f"data.generator.train_rows={most * BATCH}",
                                "data.generator.eval_rows=0"])
-    tables = shard_tables(cfg)
+    # Routing reads the tables' names and widths only.
+    tables = [host_table(t.name, t.dim, table_initializer(t, 0), t.vocabulary_size,
+                         access_threshold=-1, eviction_threshold=None, optimizer=None,
+                         size_hint=t.name) for t in cfg.tables]
     names = [t.name for t in cfg.tables]
     columns = [f.index_key for f in cfg.features]
     batches = []
@@ -96,11 +99,12 @@ def projection(counts: list[int], dense_parameters: int, dim: int, n_tables: int
             widths.append(send.shape[1])
             to_others.append(int(c.sum() - c[r].sum()))
         m = max(widths)
-        all_to_all = (n - 1) * (n_tables * 4 + m * 16 + 2 * m * dim * 4)
-        dense = 2.0 * (n - 1) / n * (dense_parameters + 1) * 4
-        useful = statistics.mean(to_others) * (16 + 2 * dim * 4)
+        dense = step_bytes([], n, 0, dim, dense_parameters=dense_parameters + 1)
+        everything = step_bytes([m], n, n_tables, dim, flags=True,
+                                dense_parameters=dense_parameters + 1)
+        useful = statistics.mean(to_others) * (16 + (2 * dim + 1) * 4)
         row = {"workers": n, "width": m, "keys_to_others": statistics.mean(
-            to_others), "bytes": all_to_all + dense, "useful": useful + dense}
+            to_others), "bytes": everything, "useful": useful + dense}
         for name, bw in BANDWIDTHS.items():
             seconds = row["bytes"] * 8 / bw + LATENCY_S * (
                 COLLECTIVES * (n - 1) + 2 * 2 * (n - 1))
@@ -167,12 +171,13 @@ def main() -> None:
         "step is TensorFlow: the exchange, the model, the dense update): "
         + "; ".join(f"{label}: " + ", ".join(
             f"{stage} {statistics.median(x['stages'][stage] for x in results[kind]):.1f}"
-            for stage in ("route", "process", "gather", "update"))
+            for stage in ("route", "process", "gather"))
             for kind, label in (("sharded1", "1 worker"), ("sharded2", "2 workers")))
         + f" (a step: {1000 * BATCH / median['sharded1']:.0f} ms with 1 worker, "
-        f"{1000 * BATCH / median['sharded2']:.0f} ms with 2). `route` runs in `tf.data` and "
-        "`process` (admission, row allocation, new rows' initial values) one batch ahead "
-        "on a second thread, both overlapping the step; `gather` and `update` are inside it.",
+        f"{1000 * BATCH / median['sharded2']:.0f} ms with 2). `route` runs in `tf.data`, "
+        "overlapping the step; `process` (admission, row allocation, new rows' initial "
+        "values) and `gather` run at the owner inside it, as do the gradients' sum per key "
+        "and the sparse optimizer's update (the job's optimizer op, not timed here).",
         "",
         f"**Projection** (weak scaling, 4096 rows per worker per step; {params:,} dense "
         f"parameters; bytes from routing real generated batches for N workers; time = bytes / "
@@ -196,8 +201,8 @@ def main() -> None:
         "wide as the widest (worker, owner) pair of the step (the padded all-to-all: `m`), "
         "so bytes grow with (N-1) x m, and m stops falling once a worker's unique keys per "
         "owner are few: with 100 workers most of a row is padding (the `useful` column is "
-        "the unpadded payload). Per key: 8 B key + 8 B weight out, 64 B embedding back, "
-        "64 B gradient out. Dense gradients (and the loss) in one ring all-reduce.",
+        "the unpadded payload). Per key: 8 B key + 8 B weight out, 64 B embedding and a 4 B "
+        "has-row flag back, 64 B gradient out. Dense gradients (and the loss) in one ring all-reduce.",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

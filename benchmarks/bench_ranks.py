@@ -2,9 +2,9 @@
 
 Each run is a fresh process (or two, under ``sparseflow launch -n 2``) of
 ``benchmarks/ranks_worker.py`` (a Criteo-shaped 26-table model, global batch 4096; see its
-docstring). Rounds run the four variants (Session / TF2 face, 1 / 2 ranks) in turn, the
-first variant rotating; each face's 2-rank throughput is compared with its 1-rank throughput
-of the same round. On a 2-core machine both ranks share the cores: the ratio measures the
+docstring). Rounds run the eight variants (Session API, Estimator, TF2 ``Embedding``, Keras
+layers; 1 / 2 ranks) in turn, the first variant rotating; each face's 2-rank throughput is
+compared with its 1-rank throughput of the same round. On a 2-core machine both ranks share the cores: the ratio measures the
 layer's overhead (the exchange, the owner-side work, two processes' Python), not scaling.
 
     .venv/bin/python benchmarks/bench_ranks.py [--rounds 3] [--steps 40] [--write]
@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
@@ -25,7 +26,8 @@ import report  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 16   # ranks_worker.py's embedding width
 WORKER = os.path.join(ROOT, "benchmarks", "ranks_worker.py")
-VARIANTS = (("session", 1), ("session", 2), ("tf2", 1), ("tf2", 2))
+FACES = ("session", "estimator", "tf2", "keras")
+VARIANTS = tuple((face, ranks) for face in FACES for ranks in (1, 2))
 BATCH = 4096
 
 
@@ -35,11 +37,12 @@ def run(face: str, ranks: int, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
         env.pop(name, None)
-    args = [WORKER, face, str(steps), str(BATCH)]
-    command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks)] + args
-               if ranks > 1 else [sys.executable] + args)
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as workdir:   # the model_dir
+        args = [WORKER, face, str(steps), str(BATCH), workdir]
+        command = ([sys.executable, "-m", "sparseflow", "launch", "-n", str(ranks)] + args
+                   if ranks > 1 else [sys.executable] + args)
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{face} on {ranks} rank(s) failed:\n{done.stdout[-3000:]}"
                            f"\n{done.stderr[-3000:]}")
@@ -66,7 +69,7 @@ def main() -> None:
             runs[(face, ranks)].append(run(face, ranks, args.steps))
             print(face, ranks, runs[(face, ranks)][-1], flush=True)
     rows = []
-    for face in ("session", "tf2"):
+    for face in FACES:
         ratios = [two["samples_per_s"] / one["samples_per_s"]
                   for one, two in zip(runs[(face, 1)], runs[(face, 2)])]
         for ranks in (1, 2):
@@ -87,7 +90,11 @@ def main() -> None:
         f"rows, dim 16, 416-256-1 tower, lazy Adam, global batch {BATCH}); {args.steps - 3} "
         f"timed steps after 3 warm-up steps, median of {args.rounds} rounds run in turn; "
         f"2 ranks are 2 local processes on loopback (`sparseflow launch -n 2`), each with half "
-        f"of every global batch, timed by the slower rank.", "",
+        f"of every global batch, timed by the slower rank. Faces: `session` (the Session API "
+        f"in a Session loop), `estimator` (the same model from a `model_fn` through "
+        f"`Estimator.train`, timed by a hook), `tf2` (one `tf2.Embedding` of the 26 tables in a "
+        f"custom loop under `MultiWorkerMirroredStrategy`), `keras` (26 `SparseEmbedding` "
+        f"layers, each its own table, optimizer and exchange, in the same loop).", "",
         "| face | ranks | samples/s (global batch) | ms/step | per round | vs 1 rank | "
         "MB sent per rank per step |",
         "|---|---:|---:|---:|---|---:|---:|",
@@ -96,17 +103,21 @@ def main() -> None:
         "(the all-to-alls, the owner-side key processing, a second process), not scaling. "
         "Bytes: counts, the width agreement, keys with their weights, rows (with a has-row "
         "flag in the Session face) and gradients to the other rank, padded to the agreed "
-        "width, plus a ring all-reduce's share of the dense gradients.", "",
-        "**Projection to 8, 32 and 100 ranks.** The faces route keys with the YAML trainer's "
-        "router and exchange the same buffers, so the multi-worker section's projection "
-        "(bytes from routing real generated batches for N ranks, padded to the agreed width "
-        "m; time = bytes / bandwidth + 25 us per message, no overlap) holds for them with "
-        "one change: the Session face's rows carry a has-row flag, 4 bytes more per key "
-        f"than the YAML exchange's {16 + 4 * DIM + 4 * DIM} bytes at dim {DIM} (16 out, "
-        f"{4 * DIM} back, {4 * DIM} gradient): its all-to-all bytes, and their time, are "
-        f"{(16 + 4 * (DIM + 1) + 4 * DIM) / (16 + 8 * DIM):.3f}x the projection's. Assumptions "
-        "as there: keys owned by key mod N, one rank per machine, dense gradients in one "
-        "ring all-reduce.", ""])
+        "width, plus a ring all-reduce's share of the dense gradients. The Keras face "
+        "exchanges each layer's table on its own (26 tables: 26 times the collectives of "
+        "one `tf2.Embedding` step, each a loopback round trip), so its 2-rank step is bound "
+        "by the collectives' latency, not by bytes; one `tf2.Embedding` holding the tables "
+        "sends the same bytes in one exchange.", "",
+        "**Projection to 8, 32 and 100 ranks.** Every face routes keys with one router and "
+        "exchanges the same buffers as YAML jobs (which run on this layer), so the "
+        "multi-worker section's projection (bytes from routing real generated batches for N "
+        "ranks, padded to the agreed width m; time = bytes / bandwidth + 25 us per message, "
+        "no overlap) holds for the Session API and the Estimator as it is; the TF2 faces' "
+        f"rows carry no has-row flag: {16 + 8 * DIM} bytes per key at dim {DIM} where the "
+        f"others send {16 + 4 * (2 * DIM + 1)}, "
+        f"{(16 + 8 * DIM) / (16 + 4 * (2 * DIM + 1)):.3f}x the projection's all-to-all bytes. "
+        "Assumptions as there: keys owned by key mod N, one rank per machine, dense gradients "
+        "in one ring all-reduce.", ""])
     print(section)
     if args.write:
         report.replace_section(section)

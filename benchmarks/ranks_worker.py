@@ -1,7 +1,7 @@
 """One run of benchmarks/bench_ranks.py: a Criteo-shaped model trained through one face, as
 1 process or as one of N ranks (``sparseflow launch``); prints one JSON line of results.
 
-    python benchmarks/ranks_worker.py session|tf2 STEPS GLOBAL_BATCH
+    python benchmarks/ranks_worker.py session|estimator|tf2|keras STEPS GLOBAL_BATCH [WORKDIR]
 
 Workload: 26 single-hot Criteo-shaped features (Kaggle Criteo's cardinalities capped at
 200,000 rows per table, so that every run fits in memory), one table each, dim 16, lazy Adam
@@ -48,31 +48,22 @@ def tower_weights():
 
 def exchange_bytes(widths: list, size: int, n_tables: int, reply_dim: int,
                    dense_params: int) -> float:
-    """Mean bytes one rank sends per training step: counts, the width agreement, keys with
-    weights, rows and gradients to the N-1 others (padded to the agreed width m), and a
-    ring all-reduce's 2(N-1)/N of the dense gradients and the loss."""
-    if size == 1 or not widths:
-        return 0.0
-    others = size - 1
-    m = float(np.mean(widths))
-    all_to_all = others * (n_tables * 4 + m * 16 + m * reply_dim * 4 + m * DIM * 4)
-    return all_to_all + 16 * others + 2.0 * others / size * (dense_params + 1) * 4
+    """Mean bytes one rank sends per training step (``batch_exchange.step_bytes``): the
+    exchange of the 26 tables' keys, rows (``reply_dim`` wide: a has-row flag in the Session
+    face) and gradients, and a ring all-reduce of the dense gradients and the loss."""
+    from sparseflow.distributed.batch_exchange import step_bytes
+
+    return step_bytes(widths, size, n_tables, DIM, flags=reply_dim > DIM,
+                      dense_parameters=dense_params + 1)
 
 
-def session(steps: int, global_batch: int) -> dict:
-    import sparseflow as sf
-    from sparseflow.distributed import collectives
-    from sparseflow.optimizers import lazy_adam
+def _session_specs(sf) -> list:
+    return [sf.FeatureSpec(f"c{j}", table_name=f"t{j}") for j in range(26)]
 
-    tf.compat.v1.disable_eager_execution()
-    sf.init()
-    rank, size = collectives.rank_and_size()
+
+def _session_dataset(sf, specs, steps: int, global_batch: int, rank: int, size: int):
+    """This rank's batches as the Session API reads them: mapped by the insert function."""
     local = global_batch // size
-    specs = [sf.FeatureSpec(f"c{j}", table_name=f"t{j}") for j in range(26)]
-    tables = [sf.create_table(tf.int64, DIM, f"t{j}",
-                              tf.compat.v1.truncated_normal_initializer(stddev=0.05),
-                              device_vocabulary_size=c)
-              for j, c in enumerate(CARDINALITIES)]
 
     def gen():
         for keys, labels in batches(steps, global_batch, rank, size):
@@ -81,8 +72,19 @@ def session(steps: int, global_batch: int) -> dict:
     signature = {**{f"c{j}": tf.TensorSpec([local], tf.int64) for j in range(26)},
                  "label": tf.TensorSpec([local], tf.float32)}
     ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
-    ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs)).prefetch(2)
-    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    return ds.map(sf.get_asc_insert_func(tgt_key_specs=specs)).prefetch(2)
+
+
+def _session_model(sf, specs, batch, global_batch: int):
+    """The tables, the tower and their optimizers on the Session API: (train op, dense
+    variables)."""
+    from sparseflow.distributed import collectives
+    from sparseflow.optimizers import lazy_adam
+
+    tables = [sf.create_table(tf.int64, DIM, f"t{j}",
+                              tf.compat.v1.truncated_normal_initializer(stddev=0.05),
+                              device_vocabulary_size=c)
+              for j, c in enumerate(CARDINALITIES)]
     x = tf.concat([sf.sparse_lookup(t, s, batch=batch) for t, s in zip(tables, specs)], 1)
     w1, w2 = tower_weights()
     w1, w2 = tf.compat.v1.get_variable("w1", initializer=w1), tf.compat.v1.get_variable(
@@ -94,8 +96,30 @@ def session(steps: int, global_batch: int) -> dict:
     grads = tf.gradients(loss, dense + sparse)
     dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
     train = tf.group(
-        tf.compat.v1.train.AdamOptimizer(0.001).apply_gradients(zip(dense_grads, dense)),
+        tf.compat.v1.train.AdamOptimizer(0.001).apply_gradients(
+            zip(dense_grads, dense), global_step=tf.compat.v1.train.get_or_create_global_step()),
         lazy_adam.create_hash_optimizer(0.01).apply_gradients(zip(grads[len(dense):], sparse)))
+    return train, dense
+
+
+def _session_bytes(sf, size: int, dense) -> float:
+    rt = sf.runtime.current()
+    widths = [w for r in rt.routers.values() for w in list(r.widths)[WARMUP:]]
+    n_dense = sum(int(np.prod(v.shape)) for v in dense)
+    return exchange_bytes(widths, size, 26, DIM + 1, n_dense)
+
+
+def session(steps: int, global_batch: int, workdir: str) -> dict:
+    import sparseflow as sf
+    from sparseflow.distributed import collectives
+
+    tf.compat.v1.disable_eager_execution()
+    sf.init()
+    rank, size = collectives.rank_and_size()
+    specs = _session_specs(sf)
+    ds = _session_dataset(sf, specs, steps, global_batch, rank, size)
+    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    train, dense = _session_model(sf, specs, batch, global_batch)
     sf.start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -105,14 +129,50 @@ def session(steps: int, global_batch: int) -> dict:
         for _ in range(steps - WARMUP):
             sess.run(train)
         seconds = time.perf_counter() - begin
-    rt = sf.runtime.current()
-    widths = [w for r in rt.routers.values() for w in list(r.widths)[WARMUP:]]
-    n_dense = sum(int(np.prod(v.shape)) for v in dense)
     return {"rank": rank, "size": size, "seconds": seconds,
-            "bytes": exchange_bytes(widths, size, 26, DIM + 1, n_dense)}
+            "bytes": _session_bytes(sf, size, dense)}
 
 
-def tf2_face(steps: int, global_batch: int) -> dict:
+def estimator(steps: int, global_batch: int, workdir: str) -> dict:
+    """The Session model from a ``model_fn`` / ``input_fn`` through ``Estimator.train`` (every
+    rank given the same ``model_dir``), timed by a hook after the warm-up steps."""
+    import sparseflow as sf
+    from sparseflow import estimator as est
+    from sparseflow.distributed import collectives
+
+    tf.compat.v1.disable_eager_execution()
+    rank, size = collectives.rank_and_size()
+    holder = {}
+
+    def input_fn():
+        holder["specs"] = _session_specs(sf)
+        return _session_dataset(sf, holder["specs"], steps, global_batch, rank, size)
+
+    def model_fn(features, mode):
+        train, holder["dense"] = _session_model(sf, holder["specs"], features, global_batch)
+        return est.EstimatorSpec(mode, loss=tf.constant(0.0), train_op=train)
+
+    class Timer(tf.compat.v1.train.SessionRunHook):
+        count, started, seconds, bytes = 0, None, None, None
+
+        def before_run(self, run_context):
+            if self.count == WARMUP:
+                self.started = time.perf_counter()
+
+        def after_run(self, run_context, run_values):
+            self.count += 1
+            if self.count == steps:
+                self.seconds = time.perf_counter() - self.started
+                self.bytes = _session_bytes(sf, size, holder["dense"])
+
+    timer = Timer()
+    sf.init()
+    est.Estimator(model_fn, model_dir=os.path.join(workdir, "model")).train(
+        input_fn, hooks=[timer], steps=steps)
+    return {"rank": rank, "size": size, "seconds": timer.seconds, "bytes": timer.bytes}
+
+
+def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     from sparseflow import tf2
     from sparseflow.distributed.ranks import detect
 
@@ -171,8 +231,74 @@ def tf2_face(steps: int, global_batch: int) -> dict:
             "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense)}
 
 
+def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
+    """One ``sparseflow.keras.SparseEmbedding`` layer per table (each its own lazy Adam,
+    applied in the backward pass) in the same custom loop as the TF2 face."""
+    from sparseflow import tf2
+    from sparseflow.distributed.ranks import detect
+    from sparseflow.keras import SparseEmbedding
+
+    ranks = detect()
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
+                else tf.distribute.get_strategy())
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.05)
+    with strategy.scope():
+        layers = [SparseEmbedding(c, DIM, initializer=init, optimizer=tf2.Adam(0.01),
+                                  combiner="sum", name=f"t{j}")
+                  for j, c in enumerate(CARDINALITIES)]
+    w1, w2 = (tf.Variable(w) for w in tower_weights())
+    local = global_batch // ranks.size
+
+    def gen():
+        yield from batches(steps, global_batch, ranks.rank, ranks.size)
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
+
+    def replica_step(keys, labels):
+        with tf.GradientTape() as tape:
+            x = tf.concat([layer(keys[:, j:j + 1], training=True)
+                           for j, layer in enumerate(layers)], 1)
+            logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=logit)) / global_batch
+        anchors = [layer.anchor for layer in layers]
+        grads = tape.gradient(loss, [w1, w2] + anchors)   # the anchors' apply the tables'
+        g1, g2 = tf.distribute.get_replica_context().all_reduce("sum", grads[:2])
+        w1.assign_sub(0.01 * g1)
+        w2.assign_sub(0.01 * g2)
+        return loss
+
+    @tf.function(reduce_retracing=True)
+    def step(keys, labels):
+        return strategy.run(replica_step, args=(keys, labels))
+
+    it = iter(ds)
+    for _ in range(WARMUP):
+        step(*next(it))
+    begin = time.perf_counter()
+    for _ in range(steps - WARMUP):
+        step(*next(it))
+    seconds = time.perf_counter() - begin
+    widths = []
+    for layer in layers:
+        sharding = layer.embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
+        if sharding is not None:
+            widths.append(list(sharding.router.widths)[WARMUP:])
+    # Each layer exchanges its own table: 26 exchanges of one table a step.
+    n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
+    per_layer = [exchange_bytes(w, ranks.size, 1, DIM, 0) for w in widths]
+    others = ranks.size - 1
+    dense_bytes = 2.0 * others / ranks.size * n_dense * 4
+    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
+            "bytes": float(sum(per_layer)) + dense_bytes}
+
+
+FACES = {"session": session, "estimator": estimator, "tf2": tf2_face, "keras": keras_face}
+
 if __name__ == "__main__":
     face, steps, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    result = (session if face == "session" else tf2_face)(steps, global_batch)
+    workdir = sys.argv[4] if len(sys.argv) > 4 else "."
+    result = FACES[face](steps, global_batch, workdir)
     result.update(face=face, steps=steps - WARMUP, global_batch=global_batch)
     print("RESULT " + json.dumps(result), flush=True)
