@@ -67,7 +67,9 @@ MODES = {"ddr-featurespec-timestamp": {"CACHE_MODE": "DDR", "USE_TIMESTAMP": "1"
          "modifygraph-static": {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1",
                                 "USE_MULTI_LOOKUP": "0"},
          "featurespec-expansion-timestamp": {"USE_DYNAMIC_EXPANSION": "1",
-                                             "USE_TIMESTAMP": "1", "USE_MULTI_LOOKUP": "0"}}
+                                             "USE_TIMESTAMP": "1", "USE_MULTI_LOOKUP": "0"},
+         "modifygraph-expansion-direct": {"USE_MODIFY_GRAPH": "1", "USE_DYNAMIC_EXPANSION": "1",
+                                          "APPLY_GRADIENTS_STRATEGY": "direct_apply"}}
 
 
 @pytest.fixture(scope="module", params=list(MODES))

@@ -74,14 +74,18 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
         assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"])
 
 
-@pytest.mark.parametrize("rows", ["disk", "expanding"])
+@pytest.mark.parametrize("rows, flags", [("disk", ()), ("expanding", ()),
+                                         ("expanding", ("--modify-graph",))],
+                         ids=["disk", "expanding", "expanding-modify-graph"])
 def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_ranks,
-                                                                   tmp_path, rows):
+                                                                   tmp_path, rows, flags):
     """Table a's shards keep 120 rows in memory over a disk tier (rows move between them
-    every step), or every table grows (dynamic expansion): two ranks still train exactly
-    as one process with plain rows."""
+    every step), or every table grows (dynamic expansion, trained by a by-address optimizer,
+    in FeatureSpec mode and through automatic graph modification): two ranks still train
+    exactly as one process with plain rows."""
     one = one_and_two_ranks[0]
-    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows], 2)
+    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows,
+               *flags], 2)
     two = _shards(tmp_path, 2)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)

@@ -236,12 +236,14 @@ def _add_local_embeddings(ex: BatchExchange, bounds: list, per_table: dict) -> N
         tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, address)
 
 
-def sharded_address(address) -> tuple | None:
+def sharded_address(address) -> tuple | LazyTable | None:
     """``(BatchExchange, table index)`` of an address from :func:`_add_local_embeddings`,
-    or None (an address of one process's lookup)."""
+    the :class:`LazyTable` of a modify-graph lookup's address, or None (an address of one
+    process's lookup)."""
     if not isinstance(address, tf.Tensor) or not hasattr(address, "graph"):
         return None
-    return graph_cache(address.graph, "sharded_addresses").get(address.name)
+    found = graph_cache(address.graph, "sharded_addresses").get(address.name)
+    return found or graph_cache(address.graph, "lazy_addresses").get(address.name)
 
 
 def apply_by_address(pairs: list) -> list:
@@ -251,10 +253,15 @@ def apply_by_address(pairs: list) -> list:
     gradients over the ranks and apply the table's (by-address) optimizer there. Returns
     the update ops."""
     batches: dict = {}
-    for values, address in pairs:
-        ex, t = sharded_address(address)
-        batches.setdefault(id(ex), (ex, []))[1].append((values, address, ex.router.tables[t]))
     updates = []
+    for values, address in pairs:
+        found = sharded_address(address)
+        if isinstance(found, LazyTable):   # modify-graph: the rewrite builds the update
+            found.address_dys.append(values)
+            updates.append(tf.identity(found.applied))
+            continue
+        ex, t = found
+        batches.setdefault(id(ex), (ex, []))[1].append((values, address, ex.router.tables[t]))
     for ex, members in batches.values():
         max_dim = ex.router.max_dim
         total = tf.shape(ex.place)[0]
@@ -286,6 +293,12 @@ class LazyTable:
         self.grad_values = tf.compat.v1.placeholder(tf.float32, [None, table.dim],
                                                     name=f"{table.table_name}_owner_grads")
         self.dys = []   # the gradients of output built (before the rewrite)
+        # Under dynamic expansion, for a by-address optimizer: the rows' places among the
+        # batch's exchanged rows, and the gradients it applies (before the rewrite), whose
+        # update at the owners the rewrite builds and points `applied` at.
+        self.address = None
+        self.address_dys = []
+        self.applied = None
         lazy = self
 
         @tf.custom_gradient
@@ -301,6 +314,26 @@ class LazyTable:
 
         self.output = rows(table.gradient_anchor())
 
+    def add_local_embeddings(self) -> None:
+        """Rec SDK's by-address collections for this table's rows of the batch (once): the
+        rows (``ASCEND_SPARSE_LOOKUP_LOCAL_EMB``) and a placeholder for their addresses,
+        which the rewrite points at the rows' places among the exchanged rows."""
+        if self.address is not None:
+            return
+        from sparseflow.lookup import (ADDRESS_COLLECTION, LOCAL_EMB_COLLECTION,
+                                       UNIQUE_KEYS_COLLECTION)
+
+        name = self.table.table_name
+        self.address = tf.compat.v1.placeholder(tf.int64, [None], name=f"{name}_address")
+        self.applied = tf.compat.v1.placeholder(tf.int64, [], name=f"{name}_owner_update")
+        graph = self.output.graph
+        graph_cache(graph, "local_embeddings")[(name, self.address.name)] = self.address
+        graph_cache(graph, "addresses")[self.address.name] = (self.table, self.output)
+        graph_cache(graph, "lazy_addresses")[self.address.name] = self
+        tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, self.output)
+        tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, self.address)
+        tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, self.address)
+
 
 def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_default_value,
                         is_train: bool, thresholds, send_count) -> tf.Tensor:
@@ -313,14 +346,11 @@ def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_de
     """
     from sparseflow.pipeline.graph_modifier import register_sharded_lookup
 
-    if is_train and table.expands:
-        raise NotImplementedError(
-            f"Table `{table.table_name}`: automatic graph modification over several ranks "
-            f"does not train expanding tables yet (their by-address optimizers); build the "
-            f"lookups with FeatureSpecs and get_asc_insert_func, or train without "
-            f"init(use_dynamic_expansion=True).")
     rows, has_row, restore = register_sharded_lookup(table, ids, is_train, thresholds,
                                                      send_count)
+    if is_train and table.expands:
+        from sparseflow.pipeline.graph_modifier import lazy_table
+        lazy_table(table, ids, is_train).add_local_embeddings()
     return _shaped(table, rows, has_row, ids, name, with_grad, serving_default_value, restore)
 
 
@@ -346,10 +376,25 @@ def connect_rewritten(rt, batch: dict, plan, lazy_tables: dict, restores: dict) 
         start, end = bounds[t]
         rewire(lazy.unique, unique[start:end, :table.dim])
         rewire(lazy.has_row, has_row[start:end])
+        if lazy.address is not None:
+            rewire(lazy.address, tf.range(tf.cast(start, tf.int64), tf.cast(end, tf.int64)))
     table_index = {table.table_name: t for t, table in enumerate(tables)}
     specs = [s for group in plan.tables.values() for s in group]
     for spec, piece in zip(specs, _spec_indices(batch, plan)):
         rewire(restores[spec.unique_name], piece - bounds[table_index[spec.table_name]][0])
+    if any(lazy_tables[t.table_name].address_dys for t in tables):
+        # A by-address optimizer's gradients, one table after another: one update at the
+        # owners for the batch, which every table's `applied` stands for.
+        parts = []
+        for t, table in enumerate(tables):
+            start, end = bounds[t]
+            dys = lazy_tables[table.table_name].address_dys
+            dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
+            parts.append(tf.pad(dy, [[0, 0], [0, ex.router.max_dim - table.dim]]))
+        applied = ex.apply_at_owners(tf.concat(parts, 0))
+        for table in tables:
+            if lazy_tables[table.table_name].applied is not None:
+                rewire(lazy_tables[table.table_name].applied, applied)
     if any(lazy_tables[t.table_name].dys for t in tables):
         max_dim = ex.router.max_dim
         parts = []

@@ -158,6 +158,12 @@ def register_sharded_lookup(table, ids: tf.Tensor, is_train: bool, thresholds: d
     return lazy.output, lazy.has_row, restore
 
 
+def lazy_table(table, ids: tf.Tensor, is_train: bool):
+    """The :class:`~sparseflow.distributed.sharded_lookup.LazyTable` of ``table`` on the
+    iterator output ``ids`` (made by :func:`register_sharded_lookup`)."""
+    return _state().lazy_tables[(ids.op.name, is_train, table.table_name)]
+
+
 def _lookup_spec(table, ids: tf.Tensor, thresholds: dict | None, send_count: int | None):
     """The feature spec a modify-graph lookup of ``ids`` stands for."""
     if ids.op.type != "IteratorGetNext":
