@@ -578,10 +578,13 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                 f"ssd_vocabulary_size={table_config.ssd_vocabulary_size}). Received: 'device'")
         rows_on = "host"
     if rt.world is not None:
-        # device_vocabulary_size + host_vocabulary_size rows in host memory: over ranks a
-        # "device cache over a host tier" holds them all in the host rows of its shard.
         _check_shardable(rt.world, table_config, rows_on)
-        rows_on = "host"
+        if rows_on is None or table_config.host_vocabulary_size > 0:
+            # Over ranks a "device cache over a host tier" holds device_vocabulary_size +
+            # host_vocabulary_size rows in the host rows of its shard, and a table that does
+            # not ask for device rows keeps its shard in host memory (the owner's numba
+            # kernels); device rows, read by TF ops at the owner, are asked for by name.
+            rows_on = "host"
     if rows_on is None:
         rows_on = default_rows_on()
     with rt.lock:
@@ -604,12 +607,12 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
 
 
 def _check_shardable(world, config, rows_on) -> None:
-    """Raises NotImplementedError for what a table sharded over ranks does not do yet: rows
-    on the device (each owner reads and updates its shard's rows in host memory, a disk tier
-    behind them included, growing under dynamic expansion)."""
-    if rows_on == "device":
+    """Raises NotImplementedError for what a table sharded over ranks does not do yet: device
+    rows over a host tier (its fast slots swapped by TF ops at the owner)."""
+    if rows_on == "device" and config.host_vocabulary_size > 0:
         raise NotImplementedError(
             f"Table `{config.name}` on rank {world.rank} of {world.size}: a table sharded over "
-            f"ranks keeps its shard's rows in host memory (over a disk tier with "
-            f"ssd_vocabulary_size > 0), not on the device yet; received rows_on='device'. "
-            f"Create it with rows_on='host' or None.")
+            f"ranks keeps device rows without a host tier, or host rows (over a disk tier "
+            f"with ssd_vocabulary_size > 0); received rows_on='device' with "
+            f"host_vocabulary_size={config.host_vocabulary_size}. Create it with "
+            f"rows_on='host' or None, or without host_vocabulary_size.")

@@ -75,14 +75,17 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
 
 
 @pytest.mark.parametrize("rows, flags", [("disk", ()), ("expanding", ()),
-                                         ("expanding", ("--modify-graph",))],
-                         ids=["disk", "expanding", "expanding-modify-graph"])
+                                         ("expanding", ("--modify-graph",)), ("device", ()),
+                                         ("device", ("--modify-graph",))],
+                         ids=["disk", "expanding", "expanding-modify-graph", "device",
+                              "device-modify-graph"])
 def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_ranks,
                                                                    tmp_path, rows, flags):
     """Table a's shards keep 120 rows in memory over a disk tier (rows move between them
-    every step), or every table grows (dynamic expansion, trained by a by-address optimizer,
-    in FeatureSpec mode and through automatic graph modification): two ranks still train
-    exactly as one process with plain rows."""
+    every step), every table grows (dynamic expansion, trained by a by-address optimizer,
+    in FeatureSpec mode and through automatic graph modification), or every table keeps its
+    shard in TF variables (device rows, read and updated by TF ops at the owner): two ranks
+    still train exactly as one process with plain host rows."""
     one = one_and_two_ranks[0]
     run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows,
                *flags], 2)
@@ -97,6 +100,28 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
                                        atol=1e-5, err_msg=f"{table}/{name}")
     if rows == "disk":   # more keys than fast rows in each shard: the tier was used
         assert all(len(shard["a/keys"]) > 120 for shard in two)
+    for shard in two:
+        assert str(shard["a/rows_on"]) == ("device" if rows == "device" else "host")
+
+
+def test_device_row_shards_save_and_resume_on_two_ranks_and_in_one_process(
+        one_and_two_ranks, tmp_path):
+    """Shards in TF variables saved after step 6 resume exactly, on 2 ranks with device rows
+    and in one process with host rows (the checkpoint holds rows by key)."""
+    one = one_and_two_ranks[0]
+    saved, ranks, alone = tmp_path / "saved", tmp_path / "ranks", tmp_path / "alone"
+    for d in (saved, ranks, alone):
+        d.mkdir()
+    run_ranks(["tests.workers.session_ranks", saved, STEPS, "--rows", "device", "--save-at",
+               SAVE_AT, "--save-to", saved / "model"], 2)
+    prefix = saved / f"model-0-{SAVE_AT}"
+    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--rows", "device", "--restore",
+               prefix, "--start", SAVE_AT], 2)
+    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--restore", prefix, "--start",
+               SAVE_AT], None)
+    for shard in _shards(ranks, 2) + _shards(alone, 1):
+        np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
+                                   atol=1e-5)
 
 
 def test_table_a_admits_keys_on_the_counts_of_every_rank(one_and_two_ranks):
@@ -231,16 +256,19 @@ def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
             np.testing.assert_allclose(shard[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_a_sharded_table_refuses_device_rows_only():
+def test_a_sharded_table_refuses_device_rows_over_a_host_tier_only():
     from types import SimpleNamespace
 
     world = SimpleNamespace(rank=1, size=2)
     config = SimpleNamespace(name="t", host_vocabulary_size=10, ssd_vocabulary_size=0)
-    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .* not on the "
-                                                  r"device yet; received rows_on='device'"):
+    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .*received "
+                                                  r"rows_on='device' with "
+                                                  r"host_vocabulary_size=10"):
         _check_shardable(world, config, "device")
     _check_shardable(world, config, "host")
     _check_shardable(world, config, None)
+    _check_shardable(world, SimpleNamespace(name="t", host_vocabulary_size=0,
+                                            ssd_vocabulary_size=0), "device")
 
 
 def test_restoring_from_another_number_of_ranks_names_a_missing_shard(tmp_path):

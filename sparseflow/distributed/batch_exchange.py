@@ -61,13 +61,65 @@ class BatchExchange:
         self.m = tf.shape(received)[1]
         self.token = tf.numpy_function(process, [received, received_counts, step_time],
                                        tf.int64, stateful=True, name="sparseflow_owner_keys")
-        reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
-                                  name="sparseflow_owner_gather")
+        device = self._device_reads(width)
+        # After the device tables' reads: the host read releases an evaluation's keys.
+        with tf.control_dependencies([values for _, values in device]):
+            reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
+                                      name="sparseflow_owner_gather")
         reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
+        if device:
+            flat = tf.reshape(reply, [-1, width])
+            for entries, values in device:
+                flat = tf.tensor_scatter_nd_add(flat, entries[:, None], values)
+            reply = tf.reshape(flat, tf.shape(reply))
         back = self.exchange.all_to_all(reply)
         self.where = self.place[:, 0] * self.m + self.place[:, 1]
         rows = tf.gather(tf.reshape(back, [-1, width]), self.where)
         return rows[:, :max_dim], (rows[:, max_dim] > 0.5 if flags else None)
+
+    def _device_reads(self, width: int) -> list:
+        """Per table with rows on the device, the owner's read as TF ops: the rows the key
+        processor assigned since the last read written with their initial values (in the
+        table's critical section, as one process's lookups do), then the received entries'
+        rows gathered. Returns ``[(entries int64 [E], values float32 [E, width])]``, each
+        entry's flat place in the reply and its row (zeros where the key owns none)."""
+        reads = []
+        router = self.router
+        for t, table in enumerate(router.tables):
+            if table.rows_on != "device":
+                continue
+            device_rows = table.rows.rows_in(self.token.graph)
+
+            @tf.autograph.experimental.do_not_convert
+            def entries_of(token, t=t):
+                return router.device_entries(token, t)
+
+            rows, restore, entries = tf.numpy_function(
+                entries_of, [self.token], [tf.int32, tf.int32, tf.int64], stateful=True,
+                name=f"sparseflow_owner_entries_{table.table_name}")
+
+            def pop_and_initialize(table=table, device_rows=device_rows, after=rows):
+                @tf.autograph.experimental.do_not_convert
+                def pop():
+                    return table.rows.pending.pop()
+
+                with tf.control_dependencies([after]):
+                    new_rows, values = tf.numpy_function(
+                        pop, [], [tf.int32, tf.float32], stateful=True,
+                        name=f"sparseflow_pending_{table.table_name}")
+                new_rows.set_shape([None])
+                values.set_shape([None, table.dim])
+                with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
+                    return tf.identity(new_rows)
+
+            gate = device_rows.exclusive(pop_and_initialize)
+            with tf.control_dependencies([gate]):
+                safe = tf.maximum(tf.identity(rows), 0)
+            unique = device_rows.gather(safe)
+            owned = tf.cast(tf.gather(rows, restore) >= 0, tf.float32)[:, None]
+            values = tf.gather(unique, restore) * owned
+            reads.append((entries, tf.pad(values, [[0, 0], [0, width - table.dim]])))
+        return reads
 
     def to_owners(self, dy: tf.Tensor) -> tf.Tensor:
         """``dy`` (float32 ``[U, max_dim]``, a gradient of :meth:`forward`'s rows) sent to

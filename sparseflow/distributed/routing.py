@@ -235,6 +235,12 @@ class KeyRouter:
         width = self.max_dim + int(flags)
         reply = np.zeros((pending.n * pending.m, width), np.float32)
         for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
+            if flags:
+                reply[entries, self.max_dim] = result.rows[result.restore] >= 0
+            if table.rows_on == "device":   # read by TF ops (BatchExchange)
+                if not (pending.train and keep):
+                    table.release_batch(result.seq, drain=True)
+                continue
             slots = result.rows
             if table.tiers is not None:
                 # A table over a disk tier: the step's rows claim fast slots (unless the
@@ -246,11 +252,25 @@ class KeyRouter:
             with table.rows.pinned() as storage:
                 shard_kernels.scatter_rows(storage, slots, result.restore, entries,
                                            table.dim, reply)
-            if flags:
-                reply[entries, self.max_dim] = result.rows[result.restore] >= 0
             if not (pending.train and keep):
                 table.release_batch(result.seq, drain=True)
         return reply.reshape(pending.n, pending.m, width)
+
+    def device_entries(self, token: int, t: int) -> tuple:
+        """For table ``t`` of :meth:`process` ``token`` (its rows on the device, read by TF
+        ops): the unique rows (int32 ``[U]``, -1 for keys without a row), each received
+        entry's index among them (int32 ``[E]``) and the entry's flat place in the
+        ``[N * m]`` reply (int64 ``[E]``). Call before :meth:`gather`, which releases an
+        evaluation's token.
+
+        Raises:
+          RuntimeError: ``token`` is not pending.
+        """
+        with self._lock:
+            entries, result = self._take(token, pop=False).tables[t]
+        return (np.ascontiguousarray(result.rows, np.int32),
+                np.ascontiguousarray(result.restore, np.int32),
+                np.ascontiguousarray(entries, np.int64))
 
     def _take(self, token: int, pop: bool) -> _Pending:
         """The pending step of ``token`` (under the lock).

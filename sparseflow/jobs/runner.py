@@ -252,7 +252,7 @@ def _earlier_trainer_checkpoint(cfg: JobConfig, ckpt_dir: str) -> str | None:
         resume once with ``--workers 1``, then train on with any number).
     """
     from sparseflow.distributed import ranks
-    from sparseflow.distributed.convert import to_single_process
+    from sparseflow.jobs.earlier_checkpoints import to_single_process
     from sparseflow.distributed.shard_files import complete_checkpoints, read_world
 
     sharded = complete_checkpoints(ckpt_dir)
@@ -442,7 +442,7 @@ def resolve_checkpoint(checkpoint: str, cfg: JobConfig | None = None) -> str:
     """A checkpoint prefix from a prefix or a directory (its newest checkpoint, also looking in
     its ``checkpoints/`` subdirectory, where ``train`` writes them). With ``cfg``, a sharded
     checkpoint of multi-worker training there is merged into a single-process one first
-    (``sparseflow.distributed.convert``), once.
+    (``sparseflow.jobs.earlier_checkpoints``), once.
 
     Raises:
       ValueError: nothing restorable there.
@@ -456,7 +456,7 @@ def resolve_checkpoint(checkpoint: str, cfg: JobConfig | None = None) -> str:
             if latest:
                 break
         if cfg is not None:
-            from sparseflow.distributed.convert import to_single_process
+            from sparseflow.jobs.earlier_checkpoints import to_single_process
             from sparseflow.distributed.shard_files import read_world, sharded_checkpoint
 
             sharded = sharded_checkpoint(path, CHECKPOINT_SUBDIR)

@@ -5,7 +5,7 @@ by tests/test_session_ranks.py: the same global batches either way.
                                                         [--restore PREFIX --start K]
                                                         [--modify-graph] [--die-at K]
                                                         [--shared-prefix]
-                                                        [--rows host|disk|expanding]
+                                                        [--rows host|disk|expanding|device]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
@@ -14,7 +14,8 @@ through automatic graph modification (lookups of raw ids, thresholds per lookup)
 ``--die-at K``: the last rank exits (status 7) before global step K. ``--shared-prefix``:
 every rank saves to ``PREFIX-K`` itself (refused over several ranks). ``--rows disk``:
 table a keeps 120 of its 4000 rows in memory over a disk tier; ``--rows expanding``: both
-tables grow (``init(use_dynamic_expansion=True)``).
+tables grow (``init(use_dynamic_expansion=True)``); ``--rows device``: both tables keep
+their rows in TF variables (``rows_on="device"``).
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -56,8 +57,9 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     a_rows = ({"device_vocabulary_size": 100, "host_vocabulary_size": 20,
                "ssd_vocabulary_size": 3880, "ssd_data_path": [os.path.join(out_dir, "ssd")]}
               if rows == "disk" else {"device_vocabulary_size": 4000})
-    tables = [sf.create_table(tf.int64, 8, "a", init, **a_rows),
-              sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200)]
+    placed = {"rows_on": "device"} if rows == "device" else {}
+    tables = [sf.create_table(tf.int64, 8, "a", init, **a_rows, **placed),
+              sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200, **placed)]
     # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
     # dataset.shard by rank before batching).
     ds = tf.data.Dataset.from_tensor_slices(data).shard(size, rank)
@@ -116,9 +118,10 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
                 saver.save(sess, save_to if shared_prefix else f"{save_to}-{rank}",
                            global_step=step)
         out = {"losses": np.asarray(losses), "w": sess.run(w)}
-    for table in tables:
-        for name, value in sorted_state(table).items():
-            out[f"{table.table_name}/{name}"] = value
+        for table in tables:   # device rows are read through the session
+            for name, value in sorted_state(table, sess).items():
+                out[f"{table.table_name}/{name}"] = value
+            out[f"{table.table_name}/rows_on"] = np.array(table.rows_on)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), size=size, **out)
     sf.terminate_config_initializer()
 
@@ -134,7 +137,8 @@ if __name__ == "__main__":
     parser.add_argument("--modify-graph", action="store_true")
     parser.add_argument("--die-at", type=int, default=0)
     parser.add_argument("--shared-prefix", action="store_true")
-    parser.add_argument("--rows", choices=["host", "disk", "expanding"], default="host")
+    parser.add_argument("--rows", choices=["host", "disk", "expanding", "device"],
+                        default="host")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
          a.die_at, a.shared_prefix, a.rows)
