@@ -577,14 +577,11 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
                 f"disk tier sits behind host rows (table `{table_config.name}`, "
                 f"ssd_vocabulary_size={table_config.ssd_vocabulary_size}). Received: 'device'")
         rows_on = "host"
-    if rt.world is not None:
-        _check_shardable(rt.world, table_config, rows_on)
-        if rows_on is None or table_config.host_vocabulary_size > 0:
-            # Over ranks a "device cache over a host tier" holds device_vocabulary_size +
-            # host_vocabulary_size rows in the host rows of its shard, and a table that does
-            # not ask for device rows keeps its shard in host memory (the owner's numba
-            # kernels); device rows, read by TF ops at the owner, are asked for by name.
-            rows_on = "host"
+    if rt.world is not None and rows_on is None:
+        # Over ranks a table that does not ask for device rows keeps its shard in host memory
+        # (the owner's numba kernels; a "device cache over a host tier" then holds all its
+        # rows there); device rows, read by TF ops at the owner, are asked for by name.
+        rows_on = "host"
     if rows_on is None:
         rows_on = default_rows_on()
     with rt.lock:
@@ -604,15 +601,3 @@ def create_table(key_dtype, dim, name, emb_initializer, device_vocabulary_size=1
     # Rec SDK's collection of sparse tables (what get_dense_and_sparse_variable returns).
     tf.compat.v1.add_to_collection(HASHTABLE_COLLECTION, table)
     return table
-
-
-def _check_shardable(world, config, rows_on) -> None:
-    """Raises NotImplementedError for what a table sharded over ranks does not do yet: device
-    rows over a host tier (its fast slots swapped by TF ops at the owner)."""
-    if rows_on == "device" and config.host_vocabulary_size > 0:
-        raise NotImplementedError(
-            f"Table `{config.name}` on rank {world.rank} of {world.size}: a table sharded over "
-            f"ranks keeps device rows without a host tier, or host rows (over a disk tier "
-            f"with ssd_vocabulary_size > 0); received rows_on='device' with "
-            f"host_vocabulary_size={config.host_vocabulary_size}. Create it with "
-            f"rows_on='host' or None, or without host_vocabulary_size.")

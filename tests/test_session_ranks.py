@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 
-from sparseflow.table import _check_shardable
 from tests.rank_runs import ROOT, run_ranks
 
 
@@ -76,16 +75,17 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
 
 @pytest.mark.parametrize("rows, flags", [("disk", ()), ("expanding", ()),
                                          ("expanding", ("--modify-graph",)), ("device", ()),
-                                         ("device", ("--modify-graph",))],
+                                         ("device", ("--modify-graph",)), ("device-tier", ())],
                          ids=["disk", "expanding", "expanding-modify-graph", "device",
-                              "device-modify-graph"])
+                              "device-modify-graph", "device-over-host-tier"])
 def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_ranks,
                                                                    tmp_path, rows, flags):
     """Table a's shards keep 120 rows in memory over a disk tier (rows move between them
     every step), every table grows (dynamic expansion, trained by a by-address optimizer,
-    in FeatureSpec mode and through automatic graph modification), or every table keeps its
-    shard in TF variables (device rows, read and updated by TF ops at the owner): two ranks
-    still train exactly as one process with plain host rows."""
+    in FeatureSpec mode and through automatic graph modification), every table keeps its
+    shard in TF variables (device rows, read and updated by TF ops at the owner), or table
+    a keeps 120 device slots over host homes (Rec SDK's DDR mode on a GPU): two ranks still
+    train exactly as one process with plain host rows."""
     one = one_and_two_ranks[0]
     run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows,
                *flags], 2)
@@ -98,10 +98,11 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
         for name in ("weights", "momentum", "velocity", "counts", "last_seen"):
             np.testing.assert_allclose(merged[name], one[f"{table}/{name}"], rtol=0,
                                        atol=1e-5, err_msg=f"{table}/{name}")
-    if rows == "disk":   # more keys than fast rows in each shard: the tier was used
+    if rows in ("disk", "device-tier"):   # more keys than fast rows in a shard: tier used
         assert all(len(shard["a/keys"]) > 120 for shard in two)
     for shard in two:
-        assert str(shard["a/rows_on"]) == ("device" if rows == "device" else "host")
+        assert str(shard["a/rows_on"]) == ("host" if rows in ("disk", "expanding")
+                                           else "device")
 
 
 def test_device_row_shards_save_and_resume_on_two_ranks_and_in_one_process(
@@ -254,21 +255,6 @@ def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
     for shard in _shards(tmp_path, 2):
         for name, value in expected.items():
             np.testing.assert_allclose(shard[name], value, rtol=0, atol=1e-6, err_msg=name)
-
-
-def test_a_sharded_table_refuses_device_rows_over_a_host_tier_only():
-    from types import SimpleNamespace
-
-    world = SimpleNamespace(rank=1, size=2)
-    config = SimpleNamespace(name="t", host_vocabulary_size=10, ssd_vocabulary_size=0)
-    with pytest.raises(NotImplementedError, match=r"Table `t` on rank 1 of 2: .*received "
-                                                  r"rows_on='device' with "
-                                                  r"host_vocabulary_size=10"):
-        _check_shardable(world, config, "device")
-    _check_shardable(world, config, "host")
-    _check_shardable(world, config, None)
-    _check_shardable(world, SimpleNamespace(name="t", host_vocabulary_size=0,
-                                            ssd_vocabulary_size=0), "device")
 
 
 def test_restoring_from_another_number_of_ranks_names_a_missing_shard(tmp_path):

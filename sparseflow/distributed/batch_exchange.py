@@ -97,6 +97,11 @@ class BatchExchange:
             rows, restore, entries = tf.numpy_function(
                 entries_of, [self.token], [tf.int32, tf.int32, tf.int64], stateful=True,
                 name=f"sparseflow_owner_entries_{table.table_name}")
+            rows.set_shape([None])
+            if table.tiers is not None:
+                reads.append(self._tiered_read(table, device_rows, rows, restore, entries,
+                                               width))
+                continue
 
             def pop_and_initialize(table=table, device_rows=device_rows, after=rows):
                 @tf.autograph.experimental.do_not_convert
@@ -120,6 +125,22 @@ class BatchExchange:
             values = tf.gather(unique, restore) * owned
             reads.append((entries, tf.pad(values, [[0, 0], [0, width - table.dim]])))
         return reads
+
+    @staticmethod
+    def _tiered_read(table, device_rows, slots, restore, entries, width: int) -> tuple:
+        """A device table over a host tier, read at the owner: the queued swaps (the claim
+        of ``slots`` queued this step's) run in the table's critical section, then the
+        received entries' rows are gathered from their fast slots."""
+        tiers = table.tiers
+        after = tf.identity(slots)
+        gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
+            lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
+        with tf.control_dependencies([gate]):
+            safe = tf.maximum(tf.identity(slots), 0)
+        unique = device_rows.gather(safe)
+        owned = tf.cast(tf.gather(slots, restore) >= 0, tf.float32)[:, None]
+        values = tf.gather(unique, restore) * owned
+        return entries, tf.pad(values, [[0, 0], [0, width - table.dim]])
 
     def to_owners(self, dy: tf.Tensor) -> tf.Tensor:
         """``dy`` (float32 ``[U, max_dim]``, a gradient of :meth:`forward`'s rows) sent to

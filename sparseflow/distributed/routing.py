@@ -258,7 +258,8 @@ class KeyRouter:
 
     def device_entries(self, token: int, t: int) -> tuple:
         """For table ``t`` of :meth:`process` ``token`` (its rows on the device, read by TF
-        ops): the unique rows (int32 ``[U]``, -1 for keys without a row), each received
+        ops): the unique rows (int32 ``[U]``, -1 for keys without a row; a tiered table's
+        fast slots, claimed now), each received
         entry's index among them (int32 ``[E]``) and the entry's flat place in the
         ``[N * m]`` reply (int64 ``[E]``). Call before :meth:`gather`, which releases an
         evaluation's token.
@@ -267,8 +268,17 @@ class KeyRouter:
           RuntimeError: ``token`` is not pending.
         """
         with self._lock:
-            entries, result = self._take(token, pop=False).tables[t]
-        return (np.ascontiguousarray(result.rows, np.int32),
+            pending = self._take(token, pop=False)
+        entries, result = pending.tables[t]
+        rows = result.rows
+        table = self.tables[t]
+        if table.tiers is not None:
+            # Device slots over a host tier: the step's rows claim fast slots (unless the
+            # processor placed them early), whose swaps the caller runs before its gather;
+            # the update then runs at those slots.
+            rows = table.tiers.place(result.rows, int(result.seq))
+            pending.slots[t] = rows
+        return (np.ascontiguousarray(rows, np.int32),
                 np.ascontiguousarray(result.restore, np.int32),
                 np.ascontiguousarray(entries, np.int64))
 

@@ -5,7 +5,7 @@ by tests/test_session_ranks.py: the same global batches either way.
                                                         [--restore PREFIX --start K]
                                                         [--modify-graph] [--die-at K]
                                                         [--shared-prefix]
-                                                        [--rows host|disk|expanding|device]
+                                                        [--rows host|disk|expanding|device|device-tier]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
@@ -15,7 +15,8 @@ through automatic graph modification (lookups of raw ids, thresholds per lookup)
 every rank saves to ``PREFIX-K`` itself (refused over several ranks). ``--rows disk``:
 table a keeps 120 of its 4000 rows in memory over a disk tier; ``--rows expanding``: both
 tables grow (``init(use_dynamic_expansion=True)``); ``--rows device``: both tables keep
-their rows in TF variables (``rows_on="device"``).
+their rows in TF variables (``rows_on="device"``); ``--rows device-tier``: table a keeps 120
+device slots over host homes for its 4000 rows.
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -54,10 +55,13 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
              sf.FeatureSpec("ts", is_timestamp=True)]
     init = tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=7)
     # Table a's 4000 rows: 120 in memory over a disk tier (rows move in and out every step).
-    a_rows = ({"device_vocabulary_size": 100, "host_vocabulary_size": 20,
-               "ssd_vocabulary_size": 3880, "ssd_data_path": [os.path.join(out_dir, "ssd")]}
-              if rows == "disk" else {"device_vocabulary_size": 4000})
-    placed = {"rows_on": "device"} if rows == "device" else {}
+    a_rows = {"device_vocabulary_size": 4000}
+    if rows == "disk":
+        a_rows = {"device_vocabulary_size": 100, "host_vocabulary_size": 20,
+                  "ssd_vocabulary_size": 3880, "ssd_data_path": [os.path.join(out_dir, "ssd")]}
+    elif rows == "device-tier":   # 120 device slots over 4000 host homes
+        a_rows = {"device_vocabulary_size": 120, "host_vocabulary_size": 3880}
+    placed = {"rows_on": "device"} if rows in ("device", "device-tier") else {}
     tables = [sf.create_table(tf.int64, 8, "a", init, **a_rows, **placed),
               sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200, **placed)]
     # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
@@ -137,8 +141,8 @@ if __name__ == "__main__":
     parser.add_argument("--modify-graph", action="store_true")
     parser.add_argument("--die-at", type=int, default=0)
     parser.add_argument("--shared-prefix", action="store_true")
-    parser.add_argument("--rows", choices=["host", "disk", "expanding", "device"],
-                        default="host")
+    parser.add_argument("--rows", choices=["host", "disk", "expanding", "device",
+                                           "device-tier"], default="host")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
          a.die_at, a.shared_prefix, a.rows)
