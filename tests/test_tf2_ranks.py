@@ -90,6 +90,32 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
                                        rtol=0, atol=1e-5, err_msg=f"{table}/{name}")
 
 
+def test_a_killed_rank_ends_the_other_naming_the_last_checkpoint_every_rank_wrote(tmp_path):
+    """Rank 1 dies before step 9, after every rank saved its checkpoint of step 6: rank 0's
+    step fails in its collective after SPARSEFLOW_COLLECTIVE_TIMEOUT, and its error ends
+    with which rank it is and the checkpoint every rank completed, from which a rerun
+    trains on exactly."""
+    import time
+
+    begin = time.monotonic()
+    done = run_ranks(["tests.workers.tf2_ranks", tmp_path, STEPS, "--save-at", "6",
+                      "--save-to", tmp_path / "ckpt", "--die-at", "9"], 2, check=False,
+                     grace=60, SPARSEFLOW_COLLECTIVE_TIMEOUT="2")
+    assert done.returncode == 7, done.stdout[-3000:]
+    assert time.monotonic() - begin < 90
+    assert ("[rank 0] sparseflow: rank 0 of 2: a collective among the ranks did not "
+            "complete, so another rank died, hung or left (collectives wait 2 s, "
+            "SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every rank completed: "
+            f"{tmp_path / 'ckpt'}-rank0 (this rank's file of it") in done.stdout, \
+        done.stdout[-3000:]
+    # Every rank restores its own file of that checkpoint and trains on as one process.
+    (one,) = _run(tmp_path / "one", None)
+    resumed = _run(tmp_path / "resumed", 2, "--restore", f"{tmp_path / 'ckpt'}-rank{{rank}}",
+                   "--start", "6")
+    for shard in resumed:
+        np.testing.assert_allclose(shard["losses"], one["losses"][6:], rtol=0, atol=1e-5)
+
+
 def test_the_tf2_exchange_waits_the_configured_collective_timeout(monkeypatch):
     import tensorflow as tf
 

@@ -57,6 +57,10 @@ class Tf2Sharding:
                 f"tf.distribute.MultiWorkerMirroredStrategy: create it under "
                 f"`strategy.scope()` of one with a replica per rank. Found "
                 f"{type(strategy).__name__} with {replicas} replica(s).")
+        from sparseflow.distributed.graph_world import collective_timeout
+        from sparseflow.tf2 import lost_rank
+
+        lost_rank.watch(ranks.rank, ranks.size, collective_timeout(), TF2_GROUP_KEY + 1)
         return cls(ranks.rank, ranks.size)
 
     def bind(self, tables: list, feature_tables: list[int]) -> "BoundSharding":

@@ -12,9 +12,10 @@ layer (its own sparse optimizer, applied in the backward pass) instead of an Emb
 feature. ``--save-at K``: after global step K, every rank saves a tf.train.Checkpoint of the
 Embedding and the head to ``PREFIX-rank{r}`` (with ``--keras``, the layer's saved variables to
 ``PREFIX-rank{r}-layer.weights.h5``, in the group where ``model.save_weights`` puts them);
-``--restore PATH --start K``: restore one (the layer's first) and train steps K+1..STEPS.
-Each rank writes ``OUT_DIR/rank{r}.npz``: the step losses and its shard of each table,
-sorted by key.
+``--restore PATH --start K``: restore one (the layer's first; ``{rank}`` in PATH: this rank's)
+and train steps K+1..STEPS.
+``--die-at K``: the last rank exits (status 7) before global step K. Each rank writes
+``OUT_DIR/rank{r}.npz``: the step losses and its shard of each table, sorted by key.
 """
 
 import argparse
@@ -35,7 +36,7 @@ LAYER_GROUP = "layers/b/vars"
 
 
 def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to: str = "",
-         restore: str = "", start: int = 0) -> None:
+         restore: str = "", start: int = 0, die_at: int = 0) -> None:
     ranks = detect()
     strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
                 else tf.distribute.get_strategy())
@@ -86,6 +87,7 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
         return strategy.run(replica_step, args=(batch, f3, label))
 
     checkpoint = tf.train.Checkpoint(embedding=embedding, w=w)
+    restore = restore.replace("{rank}", str(ranks.rank))   # each rank its own file
     if restore:
         if layer is not None:
             layer.build((None, 3))
@@ -94,6 +96,8 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
         checkpoint.read(restore).assert_consumed()
     losses = []
     for index, element in enumerate(ds, start=start + 1):
+        if index == die_at and ranks.rank == ranks.size - 1:
+            os._exit(7)
         losses.append(float(step(*element)))
         if index == save_at:
             checkpoint.write(f"{save_to}-rank{ranks.rank}")
@@ -117,5 +121,6 @@ if __name__ == "__main__":
     parser.add_argument("--save-to", default="")
     parser.add_argument("--restore", default="")
     parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--die-at", type=int, default=0)
     a = parser.parse_args()
-    main(a.out_dir, a.steps, a.keras, a.save_at, a.save_to, a.restore, a.start)
+    main(a.out_dir, a.steps, a.keras, a.save_at, a.save_to, a.restore, a.start, a.die_at)
