@@ -89,9 +89,7 @@ def _session_model(sf, specs, batch, global_batch: int):
     w1, w2 = tower_weights()
     w1, w2 = tf.compat.v1.get_variable("w1", initializer=w1), tf.compat.v1.get_variable(
         "w2", initializer=w2)
-    logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
-    loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
-        labels=batch["label"], logits=logit)) / global_batch
+    loss = _tower_loss(x, w1, w2, batch["label"], global_batch)
     dense, sparse = sf.get_dense_and_sparse_variable()
     grads = tf.gradients(loss, dense + sparse)
     dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
@@ -172,6 +170,30 @@ def estimator(steps: int, global_batch: int, workdir: str) -> dict:
     return {"rank": rank, "size": size, "seconds": timer.seconds, "bytes": timer.bytes}
 
 
+def _timed_run(strategy, replica_step, ds, steps: int) -> float:
+    """Seconds of the steps after the warm-up, each ``strategy.run(replica_step, batch)``
+    in one ``tf.function`` (the routed buffers' widths change every step: one trace for all
+    of them)."""
+    @tf.function(reduce_retracing=True)
+    def step(*batch):
+        return strategy.run(replica_step, args=batch)
+
+    it = iter(ds)
+    for _ in range(WARMUP):
+        step(*next(it))
+    begin = time.perf_counter()
+    for _ in range(steps - WARMUP):
+        step(*next(it))
+    return time.perf_counter() - begin
+
+
+def _tower_loss(x, w1, w2, labels, global_batch: int):
+    """The 416-256-1 tower's loss: the local rows' sum over the global batch."""
+    logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
+    return tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=labels, logits=logit)) / global_batch
+
+
 def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     from sparseflow import tf2
     from sparseflow.distributed.ranks import detect
@@ -202,9 +224,7 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
             acts = embedding.dequeue()
             tape.watch(acts)
             x = tf.concat([acts[f"c{j}"] for j in range(26)], 1)
-            logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
-            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=labels, logits=logit)) / global_batch
+            loss = _tower_loss(x, w1, w2, labels, global_batch)
         grads, g1, g2 = tape.gradient(loss, [acts, w1, w2])
         embedding.apply_gradients(grads)
         g1, g2 = tf.distribute.get_replica_context().all_reduce("sum", [g1, g2])
@@ -212,18 +232,7 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
         w2.assign_sub(0.01 * g2)
         return loss
 
-    # The routed buffers' widths change every step: one trace for all of them.
-    @tf.function(reduce_retracing=True)
-    def step(batch, labels):
-        return strategy.run(replica_step, args=(batch, labels))
-
-    it = iter(ds)
-    for _ in range(WARMUP):
-        step(*next(it))
-    begin = time.perf_counter()
-    for _ in range(steps - WARMUP):
-        step(*next(it))
-    seconds = time.perf_counter() - begin
+    seconds = _timed_run(strategy, replica_step, ds, steps)
     sharding = embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
     widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
     n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
@@ -259,9 +268,7 @@ def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
         with tf.GradientTape() as tape:
             x = tf.concat([layer(keys[:, j:j + 1], training=True)
                            for j, layer in enumerate(layers)], 1)
-            logit = tf.squeeze(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2), 1)
-            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=labels, logits=logit)) / global_batch
+            loss = _tower_loss(x, w1, w2, labels, global_batch)
         anchors = [layer.anchor for layer in layers]
         grads = tape.gradient(loss, [w1, w2] + anchors)   # the anchors' apply the tables'
         g1, g2 = tf.distribute.get_replica_context().all_reduce("sum", grads[:2])
@@ -269,17 +276,7 @@ def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
         w2.assign_sub(0.01 * g2)
         return loss
 
-    @tf.function(reduce_retracing=True)
-    def step(keys, labels):
-        return strategy.run(replica_step, args=(keys, labels))
-
-    it = iter(ds)
-    for _ in range(WARMUP):
-        step(*next(it))
-    begin = time.perf_counter()
-    for _ in range(steps - WARMUP):
-        step(*next(it))
-    seconds = time.perf_counter() - begin
+    seconds = _timed_run(strategy, replica_step, ds, steps)
     widths = []
     for layer in layers:
         sharding = layer.embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
