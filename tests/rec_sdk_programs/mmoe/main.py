@@ -300,7 +300,9 @@ if __name__ == "__main__":
             results["eval_loss"].append(evaluate())
 
     sess.close()
-    with open("results.json", "w") as f:
+    # Whole, even where several ranks write it in one directory: the last one's.
+    with open(f"results.json.{os.getpid()}", "w") as f:
         json.dump(results, f)
+    os.replace(f"results.json.{os.getpid()}", "results.json")
     terminate_config_initializer()
     logger.info("Demo done!")
