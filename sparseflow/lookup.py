@@ -213,13 +213,20 @@ def _add_local_embeddings(table: SparseTable, rows: tf.Tensor, unique_emb: tf.Te
     """Adds a table's local embeddings and addresses of one batch to Rec SDK's collections,
     once however many lookups share them, and registers the address tensor so that a
     by-address optimizer finds its table (``address_owner``)."""
-    cache = graph_cache(rows.graph, "local_embeddings")
     key = (table.table_name, rows.name)
-    if key in cache:
+    if key in graph_cache(rows.graph, "local_embeddings"):
         return
-    address = tf.cast(rows, tf.int64, name=f"{table.table_name}_address")
-    cache[key] = address
-    graph_cache(rows.graph, "addresses")[address.name] = (table, unique_emb)
+    register_local_embeddings(table, key, unique_emb,
+                              tf.cast(rows, tf.int64, name=f"{table.table_name}_address"))
+
+
+def register_local_embeddings(table: SparseTable, key, unique_emb: tf.Tensor,
+                              address: tf.Tensor) -> None:
+    """Adds one batch's unique rows of ``table`` (``unique_emb``) and their ``address`` to
+    Rec SDK's collections and registers the address for the by-address optimizers
+    (:func:`address_owner`). ``key`` names the batch's rows of the table (registered once)."""
+    graph_cache(address.graph, "local_embeddings")[key] = address
+    graph_cache(address.graph, "addresses")[address.name] = (table, unique_emb)
     tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, unique_emb)
     tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, address)
     # The local embeddings are unique rows already: summing "same id" gradients is a no-op.
@@ -341,14 +348,7 @@ def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
     slots = tf.numpy_function(claim, [rows, seq], tf.int32, stateful=True,
                               name=f"sparseflow_claim_{table.table_name}")
     slots.set_shape(rows.shape)
-    # The swaps wait for the claim (its swaps queued), through an identity made now: swaps
-    # built later (once the slot layout is fixed) depend on it.
-    # Exclusive: the swaps of two lookups of the table in one run must not interleave (one's
-    # swap in of a row would read its home before the other's write-back of it).
-    after = tf.identity(slots)
-    gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
-        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
-    gathered = device_rows.gather(_after(gate, slots))
+    gathered = device_rows.gather(read_after(tier_swaps(table, device_rows, slots), slots))
 
     @tf.autograph.experimental.do_not_convert
     def release(seq):
@@ -369,37 +369,62 @@ def _pending_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
     among them, with their initial values) and releases the batch; a scatter writes them
     (slots reset) — both in the table's critical section; the gather reads the batch's
     unique rows."""
-    store = table.rows
-    dim = table.dim
-
-    @tf.autograph.experimental.do_not_convert
-    def pop_and_release(seq):
-        new_rows, values = store.pending.pop()
-        # With an optimizer bound, evicted rows are freed only after its update has run (it
-        # calls drain), so no late update lands on a reused row.
-        table.release_batch(int(seq), drain=store.optimizer is None)
-        return new_rows, values
-
     # The critical section makes its lock wait for the ops its function reads: through an
     # identity, so that a modify-graph rewire of the seq placeholder reaches them (a control
     # dependency on the placeholder itself would not be rewired).
     seq = tf.identity(seq)
+    return device_rows.gather(read_after(pending_rows_written(table, device_rows, seq,
+                                                              release=True), rows))
+
+
+def pending_rows_written(table: SparseTable, device_rows, trigger: tf.Tensor,
+                         release: bool) -> tf.Tensor:
+    """The op after which a device table's pending rows (the rows its key processor assigned
+    since the last pop, with their initial values) are written, slots reset: one numpy
+    function pops them, once ``trigger`` is computed, and a scatter writes them, both in the
+    table's critical section (another lookup of the table in the same run that pops this
+    batch's new rows has written them before this pop returns: ``DeviceRows.exclusive``).
+
+    Args:
+      table: the device table; ``device_rows``: its ``DeviceRows`` in the graph.
+      trigger: what the pop waits for; with ``release``, the batch's int64 seq, released
+        there (with an optimizer bound, evicted rows are freed only after its update has
+        run: it calls drain, so no late update lands on a reused row).
+    """
+    store = table.rows
+
+    @tf.autograph.experimental.do_not_convert
+    def pop(trigger):
+        new_rows, values = store.pending.pop()
+        if release:
+            table.release_batch(int(trigger), drain=store.optimizer is None)
+        return new_rows, values
 
     def pop_and_initialize():
-        new_rows, values = tf.numpy_function(pop_and_release, [seq], [tf.int32, tf.float32],
+        new_rows, values = tf.numpy_function(pop, [trigger], [tf.int32, tf.float32],
                                              stateful=True,
                                              name=f"sparseflow_pending_{table.table_name}")
         new_rows.set_shape([None])
-        values.set_shape([None, dim])
+        values.set_shape([None, table.dim])
         with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
             return tf.identity(new_rows)
 
-    # Exclusive: another lookup of the table in the same run that pops this batch's new rows
-    # has written them before this pop returns (DeviceRows.exclusive).
-    return device_rows.gather(_after(device_rows.exclusive(pop_and_initialize), rows))
+    return device_rows.exclusive(pop_and_initialize)
 
 
-def _after(dependency, rows: tf.Tensor) -> tf.Tensor:
+def tier_swaps(table: SparseTable, device_rows, slots: tf.Tensor) -> tf.Operation:
+    """The op after which a device table over a host tier has run its queued swaps (the
+    claim of ``slots`` queued this batch's), in the table's critical section: the swaps of
+    two lookups of the table in one run must not interleave (one's swap in of a row would
+    read its home before the other's write-back of it). Through an identity made now, so
+    that swaps built later (once the slot layout is fixed) wait for the claim."""
+    tiers = table.tiers
+    after = tf.identity(slots)
+    return device_rows.when_laid_out(lambda: device_rows.exclusive(
+        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
+
+
+def read_after(dependency, rows: tf.Tensor) -> tf.Tensor:
     """``rows`` through an identity that runs after ``dependency``: a gather built on it
     reads the variables only then. (A control dependency put on the gather's own block
     reaches only its constant inputs, which graph optimization may fold away with it.)"""

@@ -67,10 +67,11 @@ class BatchExchange:
             reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
                                       name="sparseflow_owner_gather")
         reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
-        if device:
-            flat = tf.reshape(reply, [-1, width])
-            for entries, values in device:
-                flat = tf.tensor_scatter_nd_add(flat, entries[:, None], values)
+        if device:   # the tables' entries are disjoint: one scatter for all of them
+            entries = tf.concat([e for e, _ in device], 0)
+            values = tf.concat([v for _, v in device], 0)
+            flat = tf.tensor_scatter_nd_add(tf.reshape(reply, [-1, width]), entries[:, None],
+                                            values)
             reply = tf.reshape(flat, tf.shape(reply))
         back = self.exchange.all_to_all(reply)
         self.where = self.place[:, 0] * self.m + self.place[:, 1]
@@ -78,11 +79,14 @@ class BatchExchange:
         return rows[:, :max_dim], (rows[:, max_dim] > 0.5 if flags else None)
 
     def _device_reads(self, width: int) -> list:
-        """Per table with rows on the device, the owner's read as TF ops: the rows the key
-        processor assigned since the last read written with their initial values (in the
-        table's critical section, as one process's lookups do), then the received entries'
-        rows gathered. Returns ``[(entries int64 [E], values float32 [E, width])]``, each
-        entry's flat place in the reply and its row (zeros where the key owns none)."""
+        """Per table with rows on the device, the owner's read as TF ops, as one process's
+        lookup reads it (``lookup.py``): the rows the key processor assigned since the last
+        read written with their initial values, or a tiered table's swaps run, then the
+        received entries' rows gathered. Returns ``[(entries int64 [E], values float32
+        [E, width])]``, each entry's flat place in the reply and its row (zeros where the
+        key owns none)."""
+        from sparseflow.lookup import pending_rows_written, read_after, tier_swaps
+
         reads = []
         router = self.router
         for t, table in enumerate(router.tables):
@@ -98,49 +102,13 @@ class BatchExchange:
                 entries_of, [self.token], [tf.int32, tf.int32, tf.int64], stateful=True,
                 name=f"sparseflow_owner_entries_{table.table_name}")
             rows.set_shape([None])
-            if table.tiers is not None:
-                reads.append(self._tiered_read(table, device_rows, rows, restore, entries,
-                                               width))
-                continue
-
-            def pop_and_initialize(table=table, device_rows=device_rows, after=rows):
-                @tf.autograph.experimental.do_not_convert
-                def pop():
-                    return table.rows.pending.pop()
-
-                with tf.control_dependencies([after]):
-                    new_rows, values = tf.numpy_function(
-                        pop, [], [tf.int32, tf.float32], stateful=True,
-                        name=f"sparseflow_pending_{table.table_name}")
-                new_rows.set_shape([None])
-                values.set_shape([None, table.dim])
-                with tf.control_dependencies([device_rows.initialize(new_rows, values)]):
-                    return tf.identity(new_rows)
-
-            gate = device_rows.exclusive(pop_and_initialize)
-            with tf.control_dependencies([gate]):
-                safe = tf.maximum(tf.identity(rows), 0)
-            unique = device_rows.gather(safe)
+            gate = (tier_swaps(table, device_rows, rows) if table.tiers is not None
+                    else pending_rows_written(table, device_rows, rows, release=False))
+            unique = device_rows.gather(tf.maximum(read_after(gate, rows), 0))
             owned = tf.cast(tf.gather(rows, restore) >= 0, tf.float32)[:, None]
             values = tf.gather(unique, restore) * owned
             reads.append((entries, tf.pad(values, [[0, 0], [0, width - table.dim]])))
         return reads
-
-    @staticmethod
-    def _tiered_read(table, device_rows, slots, restore, entries, width: int) -> tuple:
-        """A device table over a host tier, read at the owner: the queued swaps (the claim
-        of ``slots`` queued this step's) run in the table's critical section, then the
-        received entries' rows are gathered from their fast slots."""
-        tiers = table.tiers
-        after = tf.identity(slots)
-        gate = device_rows.when_laid_out(lambda: device_rows.exclusive(
-            lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
-        with tf.control_dependencies([gate]):
-            safe = tf.maximum(tf.identity(slots), 0)
-        unique = device_rows.gather(safe)
-        owned = tf.cast(tf.gather(slots, restore) >= 0, tf.float32)[:, None]
-        values = tf.gather(unique, restore) * owned
-        return entries, tf.pad(values, [[0, 0], [0, width - table.dim]])
 
     def to_owners(self, dy: tf.Tensor) -> tf.Tensor:
         """``dy`` (float32 ``[U, max_dim]``, a gradient of :meth:`forward`'s rows) sent to

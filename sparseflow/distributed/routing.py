@@ -241,14 +241,9 @@ class KeyRouter:
                 if not (pending.train and keep):
                     table.release_batch(result.seq, drain=True)
                 continue
-            slots = result.rows
-            if table.tiers is not None:
-                # A table over a disk tier: the step's rows claim fast slots (unless the
-                # processor placed them early) and the queued moves run, before the read;
-                # its update then runs at those slots.
-                slots = table.tiers.place(result.rows, int(result.seq))
+            slots = self._claim(pending, t)
+            if table.tiers is not None:   # a disk tier: the queued moves, before the read
                 table.tiers.swap_host(table.rows.allocate())
-                pending.slots[t] = slots
             with table.rows.pinned() as storage:
                 shard_kernels.scatter_rows(storage, slots, result.restore, entries,
                                            table.dim, reply)
@@ -270,17 +265,21 @@ class KeyRouter:
         with self._lock:
             pending = self._take(token, pop=False)
         entries, result = pending.tables[t]
-        rows = result.rows
-        table = self.tables[t]
-        if table.tiers is not None:
-            # Device slots over a host tier: the step's rows claim fast slots (unless the
-            # processor placed them early), whose swaps the caller runs before its gather;
-            # the update then runs at those slots.
-            rows = table.tiers.place(result.rows, int(result.seq))
-            pending.slots[t] = rows
+        rows = self._claim(pending, t)   # a host tier's swaps: the caller's, before its gather
         return (np.ascontiguousarray(rows, np.int32),
                 np.ascontiguousarray(result.restore, np.int32),
                 np.ascontiguousarray(entries, np.int64))
+
+    def _claim(self, pending: _Pending, t: int) -> np.ndarray:
+        """Where table ``t``'s rows of ``pending`` are read and updated: a tiered table's
+        rows claim fast slots now (unless the processor placed them early), kept for the
+        update; other tables' rows are their own."""
+        _, result = pending.tables[t]
+        table = self.tables[t]
+        if table.tiers is None:
+            return result.rows
+        pending.slots[t] = table.tiers.place(result.rows, int(result.seq))
+        return pending.slots[t]
 
     def _take(self, token: int, pop: bool) -> _Pending:
         """The pending step of ``token`` (under the lock).

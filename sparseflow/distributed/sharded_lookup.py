@@ -218,28 +218,22 @@ def _add_local_embeddings(ex: BatchExchange, bounds: list, per_table: dict) -> N
     expanding table's unique rows of this batch (``ASCEND_SPARSE_LOOKUP_LOCAL_EMB``) and
     their "addresses" (``ASCEND_SPARSE_LOOKUP_ID_OFFSET``): over ranks, the rows' places
     among the batch's exchanged rows, which :func:`apply_by_address` sends to the owners."""
-    from sparseflow.lookup import (ADDRESS_COLLECTION, LOCAL_EMB_COLLECTION,
-                                   UNIQUE_KEYS_COLLECTION)
+    from sparseflow.lookup import register_local_embeddings
 
-    graph = ex.send.graph
     for t, (table, (start, end)) in enumerate(zip(ex.router.tables, bounds)):
         if not table.expands:
             continue
-        emb = per_table[table.table_name]
         address = tf.range(tf.cast(start, tf.int64), tf.cast(end, tf.int64),
                            name=f"{table.table_name}_address")
-        graph_cache(graph, "local_embeddings")[(table.table_name, ex.send.name)] = address
-        graph_cache(graph, "addresses")[address.name] = (table, emb)
-        graph_cache(graph, "sharded_addresses")[address.name] = (ex, t)
-        tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, emb)
-        tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, address)
-        tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, address)
+        register_local_embeddings(table, (table.table_name, ex.send.name),
+                                  per_table[table.table_name], address)
+        graph_cache(address.graph, "sharded_addresses")[address.name] = (ex, t, bounds)
 
 
 def sharded_address(address) -> tuple | LazyTable | None:
-    """``(BatchExchange, table index)`` of an address from :func:`_add_local_embeddings`,
-    the :class:`LazyTable` of a modify-graph lookup's address, or None (an address of one
-    process's lookup)."""
+    """``(BatchExchange, table index, the tables' bounds)`` of an address from
+    :func:`_add_local_embeddings`, the :class:`LazyTable` of a modify-graph lookup's
+    address, or None (an address of one process's lookup)."""
     if not isinstance(address, tf.Tensor) or not hasattr(address, "graph"):
         return None
     found = graph_cache(address.graph, "sharded_addresses").get(address.name)
@@ -252,7 +246,7 @@ def apply_by_address(pairs: list) -> list:
     ``[U, max_dim]`` gradient of the batch's rows, sent to the owners, which sum each key's
     gradients over the ranks and apply the table's (by-address) optimizer there. Returns
     the update ops."""
-    batches: dict = {}
+    batches: dict = {}   # id(exchange) -> (exchange, bounds, per table its gradients)
     updates = []
     for values, address in pairs:
         found = sharded_address(address)
@@ -260,16 +254,11 @@ def apply_by_address(pairs: list) -> list:
             found.address_dys.append(values)
             updates.append(tf.identity(found.applied))
             continue
-        ex, t = found
-        batches.setdefault(id(ex), (ex, []))[1].append((values, address, ex.router.tables[t]))
-    for ex, members in batches.values():
-        max_dim = ex.router.max_dim
-        total = tf.shape(ex.place)[0]
-        dy = tf.zeros(tf.stack([total, max_dim]), tf.float32)
-        for values, address, table in members:
-            padded = tf.pad(values, [[0, 0], [0, max_dim - table.dim]])
-            dy = tf.tensor_scatter_nd_add(dy, tf.cast(address, tf.int32)[:, None], padded)
-        updates.append(ex.apply_at_owners(dy))
+        ex, t, bounds = found
+        batch = batches.setdefault(id(ex), (ex, bounds, [[] for _ in ex.router.tables]))
+        batch[2][t].append(values)
+    for ex, bounds, dys in batches.values():
+        updates.append(ex.apply_at_owners(_batch_gradient(ex, bounds, dys)))
     return updates
 
 
@@ -320,19 +309,14 @@ class LazyTable:
         which the rewrite points at the rows' places among the exchanged rows."""
         if self.address is not None:
             return
-        from sparseflow.lookup import (ADDRESS_COLLECTION, LOCAL_EMB_COLLECTION,
-                                       UNIQUE_KEYS_COLLECTION)
+        from sparseflow.lookup import register_local_embeddings
 
         name = self.table.table_name
         self.address = tf.compat.v1.placeholder(tf.int64, [None], name=f"{name}_address")
         self.applied = tf.compat.v1.placeholder(tf.int64, [], name=f"{name}_owner_update")
-        graph = self.output.graph
-        graph_cache(graph, "local_embeddings")[(name, self.address.name)] = self.address
-        graph_cache(graph, "addresses")[self.address.name] = (self.table, self.output)
-        graph_cache(graph, "lazy_addresses")[self.address.name] = self
-        tf.compat.v1.add_to_collection(LOCAL_EMB_COLLECTION, self.output)
-        tf.compat.v1.add_to_collection(ADDRESS_COLLECTION, self.address)
-        tf.compat.v1.add_to_collection(UNIQUE_KEYS_COLLECTION, self.address)
+        register_local_embeddings(self.table, (name, self.address.name), self.output,
+                                  self.address)
+        graph_cache(self.address.graph, "lazy_addresses")[self.address.name] = self
 
 
 def modify_graph_lookup(table, ids: tf.Tensor, name, with_grad: bool, serving_default_value,
@@ -383,27 +367,27 @@ def connect_rewritten(rt, batch: dict, plan, lazy_tables: dict, restores: dict) 
     for spec, piece in zip(specs, _spec_indices(batch, plan)):
         rewire(restores[spec.unique_name], piece - bounds[table_index[spec.table_name]][0])
     if any(lazy_tables[t.table_name].address_dys for t in tables):
-        # A by-address optimizer's gradients, one table after another: one update at the
-        # owners for the batch, which every table's `applied` stands for.
-        parts = []
-        for t, table in enumerate(tables):
-            start, end = bounds[t]
-            dys = lazy_tables[table.table_name].address_dys
-            dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
-            parts.append(tf.pad(dy, [[0, 0], [0, ex.router.max_dim - table.dim]]))
-        applied = ex.apply_at_owners(tf.concat(parts, 0))
+        # A by-address optimizer's gradients: one update at the owners for the batch, which
+        # every table's `applied` stands for.
+        applied = ex.apply_at_owners(_batch_gradient(
+            ex, bounds, [lazy_tables[t.table_name].address_dys for t in tables]))
         for table in tables:
             if lazy_tables[table.table_name].applied is not None:
                 rewire(lazy_tables[table.table_name].applied, applied)
     if any(lazy_tables[t.table_name].dys for t in tables):
-        max_dim = ex.router.max_dim
-        parts = []
-        for t, table in enumerate(tables):
-            start, end = bounds[t]
-            dys = lazy_tables[table.table_name].dys
-            dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
-            parts.append(tf.pad(dy, [[0, 0], [0, max_dim - table.dim]]))
-        for table, grad in zip(tables, ex.owner_gradients(tf.concat(parts, 0))):
+        grads = ex.owner_gradients(_batch_gradient(
+            ex, bounds, [lazy_tables[t.table_name].dys for t in tables]))
+        for table, grad in zip(tables, grads):
             lazy = lazy_tables[table.table_name]
             rewire(lazy.grad_rows, grad.indices)
             rewire(lazy.grad_values, grad.values)
+
+
+def _batch_gradient(ex: BatchExchange, bounds: list, dys_per_table: list) -> tf.Tensor:
+    """The gradient of a batch's exchanged rows ``[U, max_dim]``, one table after another:
+    per table the sum of its gradients (zeros without one), padded to the widest table."""
+    parts = []
+    for table, (start, end), dys in zip(ex.router.tables, bounds, dys_per_table):
+        dy = tf.add_n(dys) if dys else tf.zeros(tf.stack([end - start, table.dim]))
+        parts.append(tf.pad(dy, [[0, 0], [0, ex.router.max_dim - table.dim]]))
+    return tf.concat(parts, 0)
