@@ -132,6 +132,62 @@ def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(tm
                                                                     THRESHOLD_STEP))
 
 
+# run.sh's train_and_evaluate in FeatureSpec mode, and in graph-modification mode with
+# timestamps and one-shot iterators, and with dynamic expansion.
+ESTIMATOR_MODES = {"featurespec": {"USE_MODIFY_GRAPH": "0"},
+                   "modifygraph-timestamp-oneshot": {"USE_TIMESTAMP": "1", "USE_ONE_SHOT": "1"},
+                   "modifygraph-expansion": {"USE_DYNAMIC_EXPANSION": "1",
+                                             "USE_MULTI_LOOKUP": "0"}}
+
+
+@pytest.mark.parametrize("mode", list(ESTIMATOR_MODES))
+def test_little_demo_estimator_trains_one_model_over_two_ranks(tmp_path, mode):
+    """Our program in the shape of Rec SDK's little_demo_estimator, text unchanged, under
+    `sparseflow launch -n 2` (train_and_evaluate, one model_dir for both ranks): the loss
+    falls, both ranks save at every schedule step and evaluate each checkpoint, and at the
+    end the two shards together hold exactly the keys admitted over both ranks' batches,
+    each key in its owner's shard."""
+    from sparseflow.checkpoint.saver import read_shard_states
+    from tests.test_rec_sdk_estimator_program import (DATA_STEPS, DEFAULTS as EST_DEFAULTS,
+                                                      DEMO as EST_DEMO, EVAL_STEPS, MAX_STEPS,
+                                                      TRAIN_STEPS, reference_sizes, stream)
+
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+               USE_MODE="train_and_evaluate", **dict(EST_DEFAULTS, **ESTIMATOR_MODES[mode]))
+    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE", "RUN_MODE"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", str(RANKS),
+                           "--grace", "5", os.path.join(EST_DEMO, "main.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(tmp_path / "results.json") as f:   # the rank that finished last
+        results = json.load(f)
+    (train,) = results["train"]
+    losses = np.array(train["loss"])
+    assert losses.shape == (MAX_STEPS,) and np.all(np.isfinite(losses))
+    assert losses[-10:].mean() < losses[:10].mean(), losses.round(3).tolist()
+    model_dir = tmp_path / "_rank"
+    expected = [0, TRAIN_STEPS, MAX_STEPS]
+    for prefix in ("model.ckpt-", "model.ckpt-rank1-"):   # rank 0's, rank 1's
+        assert sorted(int(p.name[len(prefix):-len(".index")])
+                      for p in model_dir.glob(f"{prefix}*.index")
+                      if p.name[len(prefix):-len(".index")].isdigit()
+                      and (model_dir / f"sparse-{p.name[:-len('.index')]}").is_dir()
+                      ) == expected, prefix
+    assert [e["global_step"] for e in results["eval"]] == [TRAIN_STEPS, MAX_STEPS]
+    for evaluation in results["eval"]:
+        assert len(evaluation["loss"]) == EVAL_STEPS
+        assert np.all(np.isfinite(evaluation["loss"]))
+    shards = [read_shard_states(str(model_dir / f"model.ckpt-{MAX_STEPS}")),
+              read_shard_states(str(model_dir / f"model.ckpt-rank1-{MAX_STEPS}"))]
+    # Rank r trained batches r, r + 2, ... of the generated stream: together, all of them.
+    batches = stream(results, results["train_seed"], RANKS * DATA_STEPS)
+    for table, size in reference_sizes(results, batches).items():
+        for rank, shard in enumerate(shards):
+            assert (shard[table].keys % RANKS == rank).all(), (table, rank)
+        assert sum(len(shard[table].keys) for shard in shards) == size, table
+
+
 @pytest.mark.parametrize("name", ["dlrm", "dcnv2", "mmoe", "wide_deep"])
 def test_model_programs_train_one_model_over_two_ranks(tmp_path, name):
     """Our dlrm, DCNv2, MMoE and Wide&Deep programs (Rec SDK's examples' shape) run unchanged

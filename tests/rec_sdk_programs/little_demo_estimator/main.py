@@ -161,8 +161,10 @@ def _write_results(params, config):
                    access_threshold=config.access_threshold, use_timestamp=USE_TIMESTAMP,
                    modify_graph=USE_MODIFY_GRAPH, use_one_shot=USE_ONE_SHOT,
                    multi_lookup_times=MULTI_LOOKUP_TIMES if USE_MULTI_LOOKUP else 0)
-    with open(RESULTS_FILE, "w") as f:
+    # Whole, even where several ranks write it in one directory: the last one's.
+    with open(f"{RESULTS_FILE}.{os.getpid()}", "w") as f:
         json.dump(results, f)
+    os.replace(f"{RESULTS_FILE}.{os.getpid()}", RESULTS_FILE)
 
 
 def _del_related_dir(del_path):
