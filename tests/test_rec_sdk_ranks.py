@@ -114,14 +114,19 @@ def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained):
         np.testing.assert_allclose(after["eval_loss"][0], before["eval_loss"][-1], rtol=1e-5)
 
 
-def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(tmp_path):
+ONE_SHOT_MODES = {"modifygraph-static": {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1",
+                                         "USE_ONE_SHOT": "1", "USE_MULTI_LOOKUP": "0"},
+                  "featurespec-multi3": {"USE_ONE_SHOT": "1", "MULTI_LOOKUP_TIMES": "3"}}
+
+
+@pytest.mark.parametrize("mode", list(ONE_SHOT_MODES))
+def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(tmp_path,
+                                                                               mode):
     """USE_ONE_SHOT=1: the second evaluation's one-shot iterator is spent, so its first step
     ends the data (OutOfRangeError) on both ranks inside a step holding collectives; the
     save after it, and the training after that, go on (the next collective step once failed
     on TensorFlow's reused step id: tests/test_session_ranks.py)."""
-    switches = {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1", "USE_ONE_SHOT": "1",
-                "USE_MULTI_LOOKUP": "0"}
-    ranks = run_demo_ranks(tmp_path, "train", switches)
+    ranks = run_demo_ranks(tmp_path, "train", ONE_SHOT_MODES[mode])
     for results in ranks:
         assert [len(losses) for losses in results["eval_loss"]] == [EVAL_STEPS, 0]
         assert results["saved"] == [20, 40]
