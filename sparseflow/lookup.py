@@ -32,7 +32,7 @@ import tensorflow as tf
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
-from sparseflow.ops import key_kernels as kk
+from sparseflow.ops import batch_kernels as bk
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.pipeline.insert_func import (batch_parts, batch_plan, batch_restore, batch_rows,
                                              batch_seq)
@@ -310,7 +310,7 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
         gathered = _pending_device_gather(table, device_rows, rows, seq)
     # The optimizer needs no dedup for these rows (or a tiered table's fast slots): the
     # batch's unique rows.
-    graph_cache(rows.graph, "device_unique_rows")[rows.name] = table.table_name
+    mark_batch_unique_rows(rows)
     capacity = table.capacity()
 
     @tf.custom_gradient
@@ -432,11 +432,18 @@ def read_after(dependency, rows: tf.Tensor) -> tf.Tensor:
         return tf.identity(rows)
 
 
-def is_unique_device_rows(indices: tf.Tensor) -> bool:
-    """Whether ``indices`` are a device table's unique rows of one batch (a gradient's
-    indices straight from one gather, not a concatenation that may repeat rows)."""
+def mark_batch_unique_rows(rows: tf.Tensor) -> None:
+    """Records that ``rows`` are one batch's unique keys' rows (distinct, -1 for none), as
+    one gather reads them: a gradient over them needs no dedup."""
+    graph_cache(rows.graph, "batch_unique_rows")[rows.name] = True
+
+
+def is_batch_unique_rows(indices) -> bool:
+    """Whether ``indices`` are one batch's unique keys' rows (:func:`mark_batch_unique_rows`:
+    a gradient's indices straight from one gather, not a concatenation that may repeat
+    rows)."""
     return isinstance(indices, tf.Tensor) and indices.name in graph_cache(
-        indices.graph, "device_unique_rows")
+        indices.graph, "batch_unique_rows")
 
 
 # -- one gather (and one gradient) for every table of a batch --------------------------------
@@ -477,26 +484,29 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
                                for s in plan.tables[t.table_name]])
                              for t in tables if t.dim == dim]))
     n_parts = plan.n_parts
-
-    def bounds(part_sizes):
-        ends = np.cumsum(part_sizes[:n_parts])
-        return ends - part_sizes[:n_parts], ends
+    # Per group, the members' table (index into the group's storages) and parts, in output
+    # order: a table's specs are consecutive, so the kernel reads its unique rows once.
+    layouts = []
+    for _, members in groups:
+        table_of, rows_of, restore_of = [], [], []
+        for t, (_, w, specs) in enumerate(members):
+            for _, r in specs:
+                table_of.append(t)
+                rows_of.append(w)
+                restore_of.append(r)
+        layouts.append(tuple(np.asarray(a, np.int64) for a in (table_of, rows_of, restore_of)))
 
     @tf.autograph.experimental.do_not_convert
     def gather_all(flat, part_sizes):
-        starts, ends = bounds(part_sizes)
+        starts, ends = bk.part_bounds(part_sizes, n_parts)
         outs = []
-        for dim, members in groups:
-            total = int(sum(part_sizes[r] for _, _, specs in members for _, r in specs))
-            out = np.empty((total, dim), np.float32)
-            at = 0
-            for table, w, specs in members:
-                rows = flat[starts[w]:ends[w]]
-                storage = table.rows.allocate()
-                for _, r in specs:
-                    n = int(part_sizes[r])
-                    kk.expand_rows(storage, rows, flat[starts[r]:ends[r]], dim, out[at:at + n])
-                    at += n
+        for (dim, members), (table_of, rows_of, restore_of) in zip(groups, layouts):
+            out = np.empty((int(ends[restore_of].sum() - starts[restore_of].sum()), dim),
+                           np.float32)
+            storages = tuple(table.rows.allocate() for table, _, _ in members)
+            bk.expand_tables(storages, flat, starts, ends, table_of, rows_of, restore_of, dim,
+                             out)
+            for table, w, _ in members:
                 # The batch's rows are read. With an optimizer bound, evicted rows are freed
                 # only after its update has run (it calls drain).
                 table.release_batch(int(part_sizes[n_parts + w]),
@@ -504,26 +514,29 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             outs.append(out)
         return outs
 
+    # Per group, its specs in output order; the gradient takes one input per spec (a
+    # numpy_function input is a zero-copy view, while joining them in TF copied them all).
+    group_specs = [[(s, r) for _, _, pairs in members for s, r in pairs]
+                   for _, members in groups]
+
     @tf.autograph.experimental.do_not_convert
     def sum_all(flat, part_sizes, *grads):
-        starts, ends = bounds(part_sizes)
+        starts, ends = bk.part_bounds(part_sizes, n_parts)
         outs = []
-        for (dim, members), grad in zip(groups, grads):
-            grad = np.ascontiguousarray(grad, np.float32)
+        at = 0
+        for (dim, members), (_, rows_of, restore_of), specs in zip(groups, layouts,
+                                                                   group_specs):
             out = np.zeros((int(sum(part_sizes[w] for _, w, _ in members)), dim), np.float32)
-            at = at_unique = 0
-            for _, w, specs in members:
-                n_unique = int(part_sizes[w])
-                for _, r in specs:
-                    n = int(part_sizes[r])
-                    kk.sum_by_restore(grad[at:at + n], flat[starts[r]:ends[r]],
-                                      out[at_unique:at_unique + n_unique])
-                    at += n
-                at_unique += n_unique
+            bk.sum_tables(bk.as_tuple(np.asarray(g, np.float32) for g in
+                                      grads[at:at + len(specs)]),
+                          flat, starts, ends, rows_of, restore_of, out)
+            at += len(specs)
             outs.append(out)
         return outs
 
     def split(tensor, part_indices):
+        if len(part_indices) == 1:
+            return [tensor]
         counts = tf.stack([tf.shape(parts[i])[0] for i in part_indices])
         return tf.split(tensor, counts, num=len(part_indices))
 
@@ -532,12 +545,14 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         del anchors  # only carry the gradients to the tables
         outs = tf.numpy_function(gather_all, [flat, sizes], [tf.float32] * len(groups),
                                  stateful=True, name="sparseflow_gather")
-        for (dim, _), out in zip(groups, outs):
+        pieces = []
+        for (dim, _), out, specs in zip(groups, outs, group_specs):
             out.set_shape([None, dim])
+            pieces.extend(split(out, [r for _, r in specs]))
 
         def grad(*dys):
-            dys = [tf.zeros_like(out) if dy is None else tf.convert_to_tensor(dy)
-                   for dy, out in zip(dys, outs)]
+            dys = [tf.zeros_like(piece) if dy is None else tf.convert_to_tensor(dy)
+                   for dy, piece in zip(dys, pieces)]
             # After the gather: an update applied from this gradient must not overwrite the
             # rows before the batch has read them (a loss linear in the embeddings gives a
             # gradient that does not depend on them).
@@ -548,18 +563,16 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             by_table = {}
             for (dim, members), total in zip(groups, summed):
                 total.set_shape([None, dim])
-                pieces = split(total, [w for _, w, _ in members])
-                for (table, w, _), piece in zip(members, pieces):
+                for (table, w, _), piece in zip(members,
+                                                split(total, [w for _, w, _ in members])):
+                    mark_batch_unique_rows(parts[w])
                     by_table[table.table_name] = tf.IndexedSlices(
                         piece, parts[w], tf.constant([table.capacity(), dim], tf.int64))
             return [by_table[t.table_name] for t in tables]
 
-        return list(outs), grad
+        return pieces, grad
 
-    outs = gather(*[t.gradient_anchor() for t in tables])
-    embeddings = {}
-    for (dim, members), out in zip(groups, outs):
-        specs = [(s, r) for _, _, pairs in members for s, r in pairs]
-        for (spec, _), piece in zip(specs, split(out, [r for _, r in specs])):
-            embeddings[spec.unique_name] = piece
+    pieces = gather(*[t.gradient_anchor() for t in tables])
+    specs = [spec for group in group_specs for spec, _ in group]
+    embeddings = {spec.unique_name: piece for spec, piece in zip(specs, pieces)}
     return embeddings

@@ -366,15 +366,12 @@ class SparseTable:
         fast-tier slots for a tiered table): marks them changed for incremental checkpoints,
         frees evicted rows no batch in flight still needs, and unpins the updated batches'
         fast slots."""
-        processor = self.processor
-        rows = rows[rows >= 0]
-        if self.tiers is not None:
-            rows = self.tiers.logical(rows)  # still pinned until settle() below
-        with processor.lock:
-            processor.dirty[rows[rows >= 0]] = True
-        processor.drain()
-        if self.tiers is not None:
-            self.tiers.settle()
+        if self.tiers is None:
+            self.processor.updated(rows)
+            return
+        rows = self.tiers.logical(rows[rows >= 0])  # still pinned until settle() below
+        self.processor.updated(rows)
+        self.tiers.settle()
 
     def read_rows(self, rows: np.ndarray, sess=None, weights_only: bool = False) -> np.ndarray:
         """``[weights | slots]`` (or the weights) of logical ``rows``, float32, in the host

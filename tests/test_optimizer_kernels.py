@@ -533,3 +533,45 @@ def test_kernels_release_the_gil_and_public_functions_are_documented():
     for name in ok.__all__:
         doc = getattr(ok, name).__doc__
         assert doc and "Returns" in doc and "Raises" in doc, name
+
+
+# ------------------------------------------------------------------------------------------
+# Several tables in one call (apply_lazy_adam_tables).
+# ------------------------------------------------------------------------------------------
+
+
+def test_adam_tables_match_reference_per_table():
+    # Tables of different widths and steps, read-only and writeable inputs mixed (as
+    # numpy_function hands them): each table as TF's LazyAdam updates it on its own.
+    rng = np.random.default_rng(11)
+    dims, steps = (4, 16, 1), (1, 7, 3)
+    parts = [init_parts("adam", dim, rng) for dim in dims]
+    storages = tuple(to_storage(p) for p in parts)
+    befores = [s.copy() for s in storages]
+    rows, grads = [], []
+    for dim in dims:
+        r, g = random_batch(rng, 30, dim, np.int32, dup=False)
+        r.flags.writeable = dim != 16
+        rows.append(r)
+        grads.append(g)
+    ok.apply_lazy_adam_tables(storages, tuple(rows), tuple(grads), list(steps), **ADAM_HP)
+    for storage, before, p, r, g, step in zip(storages, befores, parts, rows, grads, steps):
+        u_rows, u_grads = np_coalesce(r, g)
+        want = tf_adam(p, u_rows, u_grads, step, **ADAM_HP)
+        for got, expected in zip(split(storage, 3), want):
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+        untouched = np.setdiff1d(np.arange(CAPACITY), u_rows)
+        assert np.array_equal(storage[untouched], before[untouched])
+
+
+def test_adam_tables_row_past_capacity_changes_nothing():
+    storages = (adam_storage(), adam_storage())
+    before = [s.copy() for s in storages]
+    rows = (np.array([1, 2], np.int32), np.array([3, 8], np.int32))
+    grads = (np.ones((2, 4), np.float32), np.ones((2, 4), np.float32))
+    with pytest.raises(IndexError, match="table 1 contains row 8.*capacity 8"):
+        ok.apply_lazy_adam_tables(storages, rows, grads, [1, 1], **ADAM_HP)
+    for s, b in zip(storages, before):
+        np.testing.assert_array_equal(s, b)
+    with pytest.raises(ValueError, match="rows"):
+        ok.apply_lazy_adam_tables(storages, rows[:1], grads, [1, 1], **ADAM_HP)

@@ -201,6 +201,15 @@ def touch_rows(last_seen, rows, n, timestamp):
 
 
 @numba.njit(**_JIT)
+def mark_rows(marks, rows):
+    """marks[row] = True for each row >= 0 of ``rows``."""
+    for u in range(rows.shape[0]):
+        r = rows[u]
+        if r >= 0:
+            marks[r] = True
+
+
+@numba.njit(**_JIT)
 def gather_rows(storage, rows, dim, out):
     """out[i] = storage[rows[i], :dim], or zeros where rows[i] < 0."""
     for i in range(rows.shape[0]):

@@ -154,6 +154,7 @@ class SparseOptimizer:
             ``rows_on="device"``.
         """
         from sparseflow.table import SparseTable  # the table module imports TF wiring
+        from sparseflow.lookup import is_batch_unique_rows
 
         pairs, device_pairs, without_gradient = [], [], []
         for grad, table in grads_and_vars:
@@ -181,8 +182,10 @@ class SparseOptimizer:
                 # One numpy function for every table: per-call overhead and the Python around
                 # 26 calls cost more than the update kernels (BENCHMARKS.md, end-to-end).
                 inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
+                # Rows a batch's own gather handed out are its unique keys' rows: distinct.
+                unique = all(is_batch_unique_rows(grad.indices) for grad, _ in pairs)
                 updates.append(tf.numpy_function(
-                    self._make_apply([table for _, table in pairs]), inputs, tf.int64,
+                    self._make_apply([table for _, table in pairs], unique), inputs, tf.int64,
                     stateful=True, name="sparseflow_update"))
             if device_pairs:
                 updates.append(self._apply_device(device_pairs))
@@ -200,12 +203,13 @@ class SparseOptimizer:
 
     def _apply_device(self, pairs) -> tf.Operation:
         """TF updates of device tables, then one numpy function for their bookkeeping."""
-        from sparseflow.lookup import is_unique_device_rows
+        from sparseflow.lookup import is_batch_unique_rows
+
 
         updates, touched = [], []
         for grad, table in pairs:
             rows, values = grad.indices, grad.values
-            if not is_unique_device_rows(rows):
+            if not is_batch_unique_rows(rows):
                 # Gradients of several batches, concatenated: sum each row's once (the TF
                 # scatters need distinct rows; -1 stays one entry, skipped by the update).
                 rows, position = tf.unique(rows)
@@ -238,13 +242,43 @@ class SparseOptimizer:
         ``grads`` (float32 ``[U, dim]``) as TF ops on ``rows`` (a ``DeviceRows``)."""
         raise NotImplementedError
 
-    def _make_apply(self, tables):
+    def _make_apply(self, tables, unique: bool):
         @tf.autograph.experimental.do_not_convert
         def apply(*arrays):
-            for j, table in enumerate(tables):
-                self.apply_at_rows(table, arrays[2 * j], arrays[2 * j + 1])
+            self.apply_at_tables(tables, arrays[0::2], arrays[1::2], unique)
             return np.int64(len(tables))
         return apply
+
+    def apply_at_tables(self, tables: list, rows: list, grads: list, unique: bool) -> None:
+        """:meth:`apply_at_rows` on each of ``tables`` (host rows, no fast tier); an
+        optimizer with a kernel over several tables (:meth:`_update_tables`) runs it in one
+        call when ``unique``.
+
+        Args:
+          tables: the tables.
+          rows: per table, int32 ``[U]`` rows (-1 skipped).
+          grads: per table, float32 ``[U, dim]``, summed per row.
+          unique: every table's rows are distinct (a batch's own unique keys' rows).
+        """
+        if not unique or not self._has_table_kernel or any(t.tiers is not None for t in tables):
+            for table, r, g in zip(tables, rows, grads):
+                self.apply_at_rows(table, r, g)
+            return
+        storages = tuple(table.rows.allocate() for table in tables)
+        steps = [self.next_step(table.table_name) for table in tables]
+        self._update_tables(storages, tuple(rows),
+                            tuple(np.ascontiguousarray(g, np.float32) for g in grads), steps)
+        for table, r in zip(tables, rows):
+            table.after_update(r)
+
+    @property
+    def _has_table_kernel(self) -> bool:
+        return type(self)._update_tables is not SparseOptimizer._update_tables
+
+    def _update_tables(self, storages: tuple, rows: tuple, grads: tuple, steps: list) -> None:
+        """One update of several tables' storages, rows distinct (optional: without it,
+        :meth:`apply_at_tables` calls :meth:`_update` per table)."""
+        raise NotImplementedError
 
     def apply_at_rows(self, table, rows: np.ndarray, grads: np.ndarray) -> None:
         """One update of a host table: counts the table's step, applies ``grads`` (float32

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparseflow.ops.optimizer_kernels import apply_lazy_adam
+from sparseflow.ops.optimizer_kernels import apply_lazy_adam, apply_lazy_adam_tables
 from sparseflow.optimizers.base import SparseOptimizer
 from sparseflow.optimizers.hparams import lazy_adam_hparams
 
@@ -27,6 +27,11 @@ class LazyAdam(SparseOptimizer):
         h = self.hparams
         apply_lazy_adam(storage, rows, grads, learning_rate=h["learning_rate"],
                         beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"], step=step)
+
+    def _update_tables(self, storages, rows, grads, steps):
+        h = self.hparams
+        apply_lazy_adam_tables(storages, rows, grads, steps, learning_rate=h["learning_rate"],
+                               beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"])
 
 
 def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,

@@ -290,6 +290,14 @@ class KeyProcessor:
         with self.lock:
             self._drain_quarantine()
 
+    def updated(self, rows: np.ndarray) -> None:
+        """An optimizer changed ``rows`` (int32, -1 skipped): marks them changed for the next
+        incremental checkpoint and frees quarantined rows no batch in flight still needs."""
+        with self.lock:
+            kk.mark_rows(self.dirty, rows)
+            if self._quarantine:
+                self._drain_quarantine()
+
     def evict(self, eviction_threshold: int) -> EvictionResult:
         """Removes every key with ``clock - last_seen >= eviction_threshold``.
 

@@ -1,0 +1,127 @@
+"""Kernels over every table of a batch in one call: the gather of a batch's embeddings and the
+sum of their gradients.
+
+A batch carries one flat int32 array of parts (each table's unique rows, each feature's
+restore vector; ``pipeline/insert_func.py``). One call per batch replaces one call per table:
+with 26 tables, the Python around 26 kernel calls cost more than the kernels (BENCHMARKS.md,
+end-to-end). The tables' storages arrive as a tuple (numba types a tuple of same-typed arrays
+as one homogeneous tuple, indexable at run time; passing it costs ~2 us for 26 arrays).
+
+Members: the (table, feature) pairs whose embeddings one output holds, in output order;
+``member_table[m]`` indexes ``storages``, ``member_rows[m]`` and ``member_restore[m]`` index
+the parts (``starts`` / ``ends`` bound each part in ``flat``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from sparseflow.ops.prefetch import prefetch_for_write
+
+_JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+# Unique rows ahead whose storage row the gather prefetches: the tables are far larger than
+# the caches and a Zipf batch's tail rows are cold (measured 20% faster gathers).
+ROW_PREFETCH_AHEAD = 8
+
+
+@numba.njit(**_JIT)
+def expand_tables(storages, flat, starts, ends, member_table, member_rows, member_restore,
+                  dim, out):
+    """``out`` = every member's embeddings, concatenated in member order: member m's keys
+    read ``storages[member_table[m]][rows[restore[i]], :dim]`` (zeros where the row is -1).
+
+    A table's unique rows are read from its (large, cache-cold) storage once into a small
+    buffer, then expanded by each of its features' restore vectors; consecutive members of
+    one table share that read.
+
+    Args:
+      storages: tuple of float32 ``[capacity, width >= dim]`` arrays.
+      flat: int32, the batch's parts.
+      starts, ends: int64, each part's bounds in ``flat``.
+      member_table, member_rows, member_restore: int64 ``[M]``.
+      dim: embedding width.
+      out: float32 ``[sum of the members' keys, dim]``, written.
+    """
+    n_members = member_table.shape[0]
+    most = 0
+    for m in range(n_members):
+        w = member_rows[m]
+        if ends[w] - starts[w] > most:
+            most = ends[w] - starts[w]
+    unique = np.empty((most, dim), np.float32)
+    at = 0
+    gathered = -1
+    for m in range(n_members):
+        w = member_rows[m]
+        if w != gathered:
+            storage = storages[member_table[m]]
+            first, n_unique = starts[w], ends[w] - starts[w]
+            for i in range(n_unique):
+                if i + ROW_PREFETCH_AHEAD < n_unique:
+                    ahead = flat[first + i + ROW_PREFETCH_AHEAD]
+                    if ahead >= 0:
+                        prefetch_for_write(storage, (ahead, 0))
+                r = flat[first + i]
+                if r < 0:
+                    for j in range(dim):
+                        unique[i, j] = 0.0
+                else:
+                    for j in range(dim):
+                        unique[i, j] = storage[r, j]
+            gathered = w
+        r = member_restore[m]
+        for i in range(starts[r], ends[r]):
+            u = flat[i]
+            for j in range(dim):
+                out[at, j] = unique[u, j]
+            at += 1
+
+
+@numba.njit(**_JIT)
+def sum_tables(grads, flat, starts, ends, member_rows, member_restore, out):
+    """The gradient of :func:`expand_tables`: each key's gradient row summed into its table's
+    unique row. ``out`` holds every table's unique rows, concatenated in member order; the
+    members of one table must be consecutive.
+
+    Args:
+      grads: tuple, per member, float32 ``[its keys, dim]`` (as many rows as its restore
+        vector: the caller checks).
+      flat, starts, ends, member_rows, member_restore: as :func:`expand_tables`.
+      out: float32 ``[sum of the tables' unique rows, dim]``, zeroed by the caller, summed
+        into.
+    """
+    offset = 0
+    current = -1
+    for m in range(member_rows.shape[0]):
+        w = member_rows[m]
+        if w != current:
+            if current >= 0:
+                offset += ends[current] - starts[current]
+            current = w
+        grad = grads[m]
+        dim = grad.shape[1]
+        r = member_restore[m]
+        first = starts[r]
+        for i in range(ends[r] - first):
+            u = offset + flat[first + i]
+            for j in range(dim):
+                out[u, j] += grad[i, j]
+
+
+def as_tuple(arrays) -> tuple:
+    """``arrays`` as a tuple numba types as one homogeneous tuple (indexable at run time):
+    C-contiguous, and writeable copies of read-only ones when they mix (a tuple of mixed
+    arrays is heterogeneous to numba)."""
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+    if len({a.flags.writeable for a in arrays}) > 1:
+        return tuple(a if a.flags.writeable else a.copy() for a in arrays)
+    return arrays
+
+
+def part_bounds(part_sizes: np.ndarray, n_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``(starts, ends)`` of the first ``n_parts`` parts of a flat array whose part
+    sizes are ``part_sizes``."""
+    ends = np.cumsum(part_sizes[:n_parts], dtype=np.int64)
+    return ends - part_sizes[:n_parts], ends
