@@ -779,31 +779,3 @@ def test_random_batches_vs_reference(threshold, tight):
     assert rows_init == list(range(kp.size))
     keys, rows = kp.admitted()
     assert sorted(zip(rows.tolist(), keys.tolist())) == rec.pairs()
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_expand_rows_and_sum_by_restore_vs_numpy(seed):
-    rng = np.random.default_rng(seed)
-    storage = rng.normal(size=(50, 12)).astype(np.float32)   # [w(4) | slots(8)]
-    rows = np.array([3, -1, 17, 42, 0], np.int32)
-    restore = rng.integers(0, rows.shape[0], 40).astype(np.int32)
-    out = np.empty((40, 4), np.float32)
-    kk.expand_rows(storage, rows, restore, 4, out)
-    unique = np.where(rows[:, None] >= 0, storage[np.maximum(rows, 0), :4], 0.0)
-    np.testing.assert_array_equal(out, unique[restore])
-
-    grads = rng.normal(size=(40, 4)).astype(np.float32)
-    summed = np.zeros((rows.shape[0], 4), np.float32)
-    kk.sum_by_restore(grads, restore, summed)
-    expected = np.zeros((rows.shape[0], 4), np.float64)
-    np.add.at(expected, restore, grads)
-    np.testing.assert_allclose(summed, expected, rtol=1e-5, atol=1e-6)
-
-
-def test_expand_rows_and_sum_by_restore_empty():
-    out = np.empty((0, 3), np.float32)
-    kk.expand_rows(np.ones((4, 3), np.float32), np.zeros(0, np.int32), np.zeros(0, np.int32),
-                   3, out)
-    summed = np.zeros((0, 3), np.float32)
-    kk.sum_by_restore(np.zeros((0, 3), np.float32), np.zeros(0, np.int32), summed)
-    assert out.shape == (0, 3) and summed.shape == (0, 3)

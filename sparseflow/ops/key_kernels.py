@@ -223,44 +223,6 @@ def gather_rows(storage, rows, dim, out):
 
 
 @numba.njit(**_JIT)
-def expand_rows(storage, rows, restore, dim, out):
-    """out[i] = storage[rows[restore[i]], :dim], or zeros where that row is < 0.
-
-    Each unique row is read from the (large, cache-cold) storage once, into a small buffer
-    the expansion then reads: a key repeated k times costs one cold read, not k.
-
-    Args:
-      storage: float32 [capacity, width >= dim], rows ``[weights | slots]``.
-      rows: int32 [U], each unique key's row (-1: none).
-      restore: int32 [n], each key's position in ``rows``.
-      dim: weights per row.
-      out: float32 [n, dim], written.
-    """
-    unique = np.empty((rows.shape[0], dim), np.float32)
-    gather_rows(storage, rows, dim, unique)
-    for i in range(restore.shape[0]):
-        u = restore[i]
-        for j in range(dim):
-            out[i, j] = unique[u, j]
-
-
-@numba.njit(**_JIT)
-def sum_by_restore(grads, restore, out):
-    """out[restore[i]] += grads[i] for every i: each key's gradient summed into its unique row.
-
-    Args:
-      grads: float32 [n, dim].
-      restore: int32 [n], positions in ``out``.
-      out: float32 [U, dim], accumulated into (zero it first for a plain sum).
-    """
-    dim = grads.shape[1]
-    for i in range(restore.shape[0]):
-        u = restore[i]
-        for j in range(dim):
-            out[u, j] += grads[i, j]
-
-
-@numba.njit(**_JIT)
 def stale_keys(idx_keys, idx_rows, last_seen, clock, threshold):
     """Keys that own a row whose ``clock - last_seen[row] >= threshold`` (eviction candidates).
 

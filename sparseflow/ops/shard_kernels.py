@@ -95,7 +95,7 @@ def take_entries(received, row_starts, counts, entries, keys, weights):
 def scatter_rows(storage, rows, restore, entries, dim, reply):
     """reply[entries[i], :dim] = storage[rows[restore[i]], :dim] (zeros where that row is
     -1): each received entry's embedding at its place. Each unique row is read from the
-    cache-cold storage once (a key several workers sent is one read), as ``expand_rows``."""
+    cache-cold storage once (a key several workers sent is one read), as ``batch_kernels.expand_tables``."""
     unique = np.empty((rows.shape[0], dim), np.float32)
     gather_rows(storage, rows, dim, unique)
     for i in range(entries.shape[0]):

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
-from sparseflow.ops import key_kernels as kk
+from sparseflow.ops import batch_kernels as bk
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
@@ -113,6 +113,18 @@ class Embedding(tf.Module):
         # Features by embedding width: one gather output and one gradient input per width.
         self._dim_groups = [(dim, [k for k, f in enumerate(self._features) if f.dim == dim])
                             for dim in sorted({f.dim for f in self._features})]
+        # The batch kernels' members (``ops/batch_kernels.py``): the gather's in feature
+        # order per width; the gradient sum's by table, per width.
+        n_tables = len(self._tables)
+        self._gather_layouts = [_layout([(self._features[k].table_index, n_tables + k)
+                                         for k in members])
+                                for _, members in self._dim_groups]
+        self._sum_groups = []
+        for dim in sorted({t.dim for t in self._tables}):
+            table_ids = [t for t, table in enumerate(self._tables) if table.dim == dim]
+            features = [k for t in table_ids for k in self._by_table[t]]
+            self._sum_groups.append((dim, table_ids, features, _layout(
+                [(self._features[k].table_index, n_tables + k) for k in features])))
         names = [f.name for f in self._features]
         if len(set(names)) != len(names):
             fail("feature_config", "features with distinct names", names)
@@ -401,18 +413,12 @@ class Embedding(tf.Module):
         @tf.autograph.experimental.do_not_convert
         def gather(packed, sizes):
             starts, ends = self._bounds(sizes)
+            storages = tuple(table.rows.allocate() for table in tables)
             outs = []
-            for dim, members in groups:
+            for (dim, members), layout in zip(groups, self._gather_layouts):
                 out = np.empty((int(sum(sizes[n_tables + k] for k in members)), dim),
                                np.float32)
-                at = 0
-                for k in members:
-                    t = features[k].table_index
-                    n = int(sizes[n_tables + k])
-                    kk.expand_rows(tables[t].rows.allocate(), packed[starts[t]:ends[t]],
-                                   packed[starts[n_tables + k]:ends[n_tables + k]], dim,
-                                   out[at:at + n])
-                    at += n
+                bk.expand_tables(storages, packed, starts, ends, *layout, dim, out)
                 outs.append(out)
             for t, table in enumerate(tables):
                 # Read. With training, evicted rows are freed after the update.
@@ -518,20 +524,31 @@ class Embedding(tf.Module):
         @tf.autograph.experimental.do_not_convert
         def update(packed, sizes, *grads):
             starts, ends = self._bounds(sizes)
-            for t, table in enumerate(tables):
-                rows = packed[starts[t]:ends[t]]
-                summed = np.zeros((rows.shape[0], table.dim), np.float32)
-                for k in self._by_table[t]:
-                    restore = packed[starts[n_tables + k]:ends[n_tables + k]]
-                    if grads[k].shape[0] != restore.shape[0]:  # the kernel does not check
-                        raise ValueError(
-                            f"Argument `gradients` for feature `{features[k].name}` must "
-                            f"match its activations: {restore.shape[0]} embedding rows of "
-                            f"{features[k].dim} values reach it, got a gradient giving "
-                            f"{grads[k].shape[0]}.")
-                    kk.sum_by_restore(np.ascontiguousarray(grads[k], np.float32), restore,
-                                      summed)
-                table.rows.optimizer.apply_at_rows(table, rows, summed)
+            for k, feature in enumerate(features):
+                n_ids = ends[n_tables + k] - starts[n_tables + k]
+                if grads[k].shape[0] != n_ids:  # the kernel does not check
+                    raise ValueError(
+                        f"Argument `gradients` for feature `{feature.name}` must "
+                        f"match its activations: {n_ids} embedding rows of "
+                        f"{feature.dim} values reach it, got a gradient giving "
+                        f"{grads[k].shape[0]}.")
+            for dim, table_ids, members, (_, rows_of, restore_of) in self._sum_groups:
+                summed = np.zeros((int(sum(sizes[t] for t in table_ids)), dim), np.float32)
+                bk.sum_tables(bk.as_tuple(np.asarray(grads[k], np.float32) for k in members),
+                              packed, starts, ends, rows_of, restore_of, summed)
+                # The rows are the batch's unique keys' rows: distinct.
+                by_optimizer = {}
+                at = 0
+                for t in table_ids:
+                    n = int(sizes[t])
+                    optimizer = tables[t].rows.optimizer
+                    group = by_optimizer.setdefault(id(optimizer), (optimizer, [], [], []))
+                    group[1].append(tables[t])
+                    group[2].append(packed[starts[t]:ends[t]])
+                    group[3].append(summed[at:at + n])
+                    at += n
+                for optimizer, group_tables, rows, summed_rows in by_optimizer.values():
+                    optimizer.apply_at_tables(group_tables, rows, summed_rows, unique=True)
             return np.int64(n_tables)
 
         return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],
@@ -568,3 +585,10 @@ class Embedding(tf.Module):
             table_state.check_fits(table, state, source)
         for table, state in zip(self._tables, states):
             table_state.apply(table, state, source=source)
+
+
+def _layout(members: list) -> tuple:
+    """The batch kernels' member arrays from ``(table index, restore part)`` pairs: a table's
+    rows are part ``table index`` of a packed batch."""
+    tables = np.asarray([t for t, _ in members], np.int64).reshape(-1)
+    return tables, tables.copy(), np.asarray([r for _, r in members], np.int64).reshape(-1)
