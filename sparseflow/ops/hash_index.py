@@ -230,6 +230,11 @@ class HashIndex:
         """Bytes held by the index arrays."""
         return self._slots.nbytes
 
+    @property
+    def room(self) -> int:
+        """Keys the index holds under its load limit (:meth:`reserve` grows it past)."""
+        return int(self.max_load * self.capacity)
+
     def reserve(self, extra: int, max_keys: int | None = None) -> None:
         """Grows so that ``extra`` more keys fit under the load limit.
 

@@ -22,6 +22,9 @@ STATE_ROW_LIMIT = 2    # rows available in the table
 STATE_FREE_TOP = 3     # entries used in the free-row stack
 STATE_LEN = 4
 
+# assign_batch's answer when the index must grow before the batch's keys fit.
+NEEDS_INDEX_ROOM = -(2**62)
+
 # Keys ahead whose index slot assign_rows prefetches.
 SLOT_PREFETCH_AHEAD = 16
 
@@ -189,6 +192,73 @@ def assign_rows(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train, t
         idx_counts[s] = count
         out_rows[u] = r if r >= 0 else -1
     return n_new
+
+
+@numba.njit(**_JIT)
+def assign_batch(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train, threshold,
+                 free_rows, state, out_rows, new_positions, last_seen, timestamp,
+                 has_timestamp, dirty, last_seen_before, index_room, max_index_keys):
+    """One batch's key-side work on a table after its dedup, in one call: room check,
+    :func:`assign_rows`, then (training) the batch's timestamps and changed-row marks.
+
+    In order: with fewer free rows than unique keys, :func:`rows_needed` decides whether
+    the batch fits (if not, nothing changes); training, the index must have room for every
+    unique key (if not, nothing changes: the caller grows it and calls again); rows are
+    assigned; ``last_seen_before`` (when
+    it has room for the keys) records ``last_seen`` of each key's row as it was; training
+    with a timestamp sets a newly allocated row's ``last_seen`` to it and raises every row's
+    to at least it; training marks every row ``dirty``.
+
+    Args:
+      idx_keys .. new_positions: as :func:`assign_rows`.
+      last_seen: int64 per row; must cover every row the call may allocate.
+      timestamp: the batch's timestamp (used when ``has_timestamp``).
+      dirty: bool per row, as ``last_seen``.
+      last_seen_before: int64 ``[n_unique]`` out, or empty to skip.
+      index_room: keys the index holds under its load limit.
+      max_index_keys: the most keys the index will ever hold (-1: unknown); it needs room
+        for no more.
+
+    Returns:
+      The number of newly allocated rows; ``-1 - needed`` when the table has fewer free
+      rows than the ``needed`` new ones; :data:`NEEDS_INDEX_ROOM` when the index must grow
+      first (nothing changed in either case).
+    """
+    if train:
+        free = state[STATE_ROW_LIMIT] - state[STATE_NEXT_ROW] + state[STATE_FREE_TOP]
+        if free < n_unique:
+            needed = rows_needed(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique,
+                                 threshold)
+            if needed > free:
+                return -1 - needed
+        keys_after = state[STATE_INDEX_SIZE] + n_unique
+        if max_index_keys >= 0 and keys_after > max_index_keys:
+            keys_after = max_index_keys
+        if keys_after > index_room:
+            return NEEDS_INDEX_ROOM
+    n_new = assign_rows(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train,
+                        threshold, free_rows, state, out_rows, new_positions)
+    if last_seen_before.shape[0] >= n_unique:
+        for u in range(n_unique):
+            r = out_rows[u]
+            last_seen_before[u] = last_seen[r if r >= 0 else 0]
+    if train:
+        after_assign(out_rows, new_positions, n_unique, n_new, last_seen, timestamp,
+                     has_timestamp, dirty)
+    return n_new
+
+
+@numba.njit(**_JIT)
+def after_assign(rows, new_positions, n_unique, n_new, last_seen, timestamp, has_timestamp,
+                 dirty):
+    """A training batch's row marks once its rows are assigned: with a timestamp, a newly
+    allocated row's ``last_seen`` is set to it (a reused row must not inherit its old key's
+    age) and every row's raised to at least it; every row is marked ``dirty``."""
+    if has_timestamp:
+        for k in range(n_new):
+            last_seen[rows[new_positions[k]]] = timestamp
+        touch_rows(last_seen, rows, n_unique, timestamp)
+    mark_rows(dirty, rows[:n_unique])
 
 
 @numba.njit(**_JIT)

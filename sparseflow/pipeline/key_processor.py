@@ -21,6 +21,8 @@ from sparseflow.ops.hash_index import HashIndex
 from sparseflow.pipeline.read_ahead import BatchEffects, ReadAheadJournal, RolledBack
 
 
+INT64_MAX = 2**63 - 1
+
 # Batches read after a batch that was never read, before it counts as abandoned: far more
 # than any prefetch depth plus parallel calls keeps in flight.
 ABANDONED_AFTER = 4096
@@ -203,48 +205,58 @@ class KeyProcessor:
         new_pos = np.empty(n_unique, np.int32)
         seq = -1
         record = train and self.track_in_flight
+        has_timestamp = train and timestamp is not None
+        ts = np.int64(timestamp) if has_timestamp else np.int64(0)
+        before = np.empty(n_unique if record and has_timestamp else 0, np.int64)
         with self.lock:
             sketch_undo = None
             from_sketch = train and self.sketch is not None and self.threshold > 0
             if from_sketch:
                 n_new, sketch_undo = self._assign_with_sketch(uniq, weight, n_unique, rows,
                                                               new_pos, record)
+                self.cover_rows(int(self.state[kk.STATE_NEXT_ROW]))
+                if before.shape[0]:
+                    before[:] = self.last_seen[np.maximum(rows[:n_unique], 0)]
+                kk.after_assign(rows, new_pos, n_unique, n_new, self.last_seen, ts,
+                                has_timestamp, self.dirty)
             else:
-                if train:  # the eval channel inserts nothing, so it never grows the index
-                    self._check_room(uniq, weight, n_unique)  # before anything changes
-                    # With admission off every key in the index owns a row: the index never
-                    # needs room for more keys than the table has rows.
-                    self.index.reserve(n_unique,
-                                       None if self.threshold >= 0 else self.row_limit)
-                self.state[kk.STATE_INDEX_SIZE] = self.index.size
-                n_new = kk.assign_rows(self.index.keys, self.index.rows, self.index.counts,
-                                       uniq, weight, n_unique, train, self.threshold,
-                                       self.free_rows, self.state, rows, new_pos)
+                if train:
+                    # The kernel writes the last-seen and marks of the rows it allocates.
+                    self.cover_rows(int(self.state[kk.STATE_NEXT_ROW]) + n_unique)
+                # With admission off every key in the index owns a row: the index never
+                # needs room for more keys than the table has rows.
+                max_keys = -1 if self.threshold >= 0 else self.row_limit
+                room = self.index.room
+                while True:
+                    self.state[kk.STATE_INDEX_SIZE] = self.index.size
+                    n_new = kk.assign_batch(
+                        self.index.keys, self.index.rows, self.index.counts, uniq, weight,
+                        n_unique, train, self.threshold, self.free_rows, self.state, rows,
+                        new_pos, self.last_seen, ts, has_timestamp, self.dirty, before,
+                        room, max_keys)
+                    if n_new != kk.NEEDS_INDEX_ROOM:
+                        break
+                    # Only the training channel inserts, so only it ever grows the index.
+                    self.index.reserve(n_unique, None if max_keys < 0 else max_keys)
+                    # An index at its largest size takes the keys past its load limit.
+                    room = self.index.room if self.index.room > room else INT64_MAX
+                if n_new < 0:   # nothing changed
+                    self._raise_if_full(-1 - n_new)
             self.index.size = int(self.state[kk.STATE_INDEX_SIZE])
-            self.cover_rows(int(self.state[kk.STATE_NEXT_ROW]))
             if not train and len(self.journal):
                 # Keys only batches read ahead admitted read as unknown, as from a
                 # checkpoint: evaluation does not depend on how far the pipeline has read.
                 hidden = self.journal.hidden_keys()
                 if hidden.shape[0]:
                     rows[:n_unique][np.isin(uniq[:n_unique], hidden)] = -1
-            if record:  # before the timestamps below change: they record what was there
+            if record:
                 effects = self._effects(uniq, weight, n_unique, rows, new_pos, n_new,
-                                        from_sketch, sketch_undo, timestamp)
+                                        from_sketch, sketch_undo, timestamp, before)
             if n_new:
                 positions = new_pos[:n_new]
-                new_rows = rows[positions]
-                self._init_rows(new_rows, uniq[positions])
-                if timestamp is not None:  # a reused row must not inherit its old key's age
-                    self.last_seen[new_rows] = timestamp
-            if train:
-                touched = rows[:n_unique]
-                self.dirty[touched[touched >= 0]] = True
-            if train and timestamp is not None:
-                ts = np.int64(timestamp)
-                kk.touch_rows(self.last_seen, rows, n_unique, ts)
-                if ts > self.clock:
-                    self.clock = ts
+                self._init_rows(rows[positions], uniq[positions])
+            if has_timestamp and ts > self.clock:
+                self.clock = ts
             if self.track_in_flight:
                 seq = self._next_seq
                 self._next_seq += 1
@@ -335,7 +347,7 @@ class KeyProcessor:
         doubling them when they fall short (dynamic expansion only; a fixed table's cover all
         its rows from the start). The caller holds :attr:`lock`."""
         tracked = self.last_seen.shape[0]
-        if n <= tracked:
+        if n <= tracked or tracked >= self.row_limit:
             return
         size = min(max(n, 2 * tracked), self.row_limit)
         last_seen = np.zeros(size, np.int64)
@@ -369,9 +381,10 @@ class KeyProcessor:
         return self.journal.in_flight_rows()
 
     def _effects(self, uniq, weight, n_unique, rows, new_pos, n_new, from_sketch,
-                 sketch_undo, timestamp) -> BatchEffects:
+                 sketch_undo, timestamp, last_seen_before) -> BatchEffects:
         """What the training batch being processed changes (``seq`` set by the caller);
-        called after its rows are assigned, before its timestamps are written."""
+        ``last_seen_before``: its rows' last-seen before the batch (empty without a
+        timestamp)."""
         keys = uniq[:n_unique]
         # A view: the batch's own array, which nothing writes once its rows are assigned
         # (a tiered table's placement no longer overwrites it).
@@ -379,9 +392,7 @@ class KeyProcessor:
         counted = None
         if not from_sketch and self.threshold != 0:   # threshold 0 stops counting
             counted = weight[:n_unique]
-        before = None
-        if timestamp is not None:
-            before = self.last_seen[np.maximum(logical, 0)]
+        before = last_seen_before if timestamp is not None else None
         return BatchEffects(seq=-1, keys=keys, rows=logical, counted=counted,
                             admitted=keys[new_pos[:n_new]], admitted_from_sketch=from_sketch,
                             sketch=sketch_undo, timestamp=timestamp, last_seen_before=before,
@@ -445,14 +456,6 @@ class KeyProcessor:
             rows[admitted] = sub_rows
             new_pos[:n_admit] = admitted
         return n_admit, undo
-
-    def _check_room(self, uniq: np.ndarray, weight: np.ndarray, n_unique: int) -> None:
-        available = self.rows_free
-        if available >= n_unique:
-            return  # cannot run out: at most one new row per unique key
-        needed = kk.rows_needed(self.index.keys, self.index.rows, self.index.counts, uniq,
-                                weight, n_unique, self.threshold)
-        self._raise_if_full(needed)
 
     def _raise_if_full(self, needed: int) -> None:
         available = self.rows_free
