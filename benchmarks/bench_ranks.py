@@ -31,10 +31,11 @@ VARIANTS = tuple((face, ranks) for face in FACES for ranks in (1, 2))
 BATCH = 4096
 
 
-def run(face: str, ranks: int, steps: int) -> dict:
+def run(face: str, ranks: int, steps: int, extra_env: dict | None = None) -> dict:
     """One run: the slowest rank's timing (every rank trains every step), in samples/s of
-    the global batch, and the bytes one rank sent per step."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    the global batch, the bytes one rank sent per step, and the exchanges' mean width."""
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+               **(extra_env or {}))
     for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
         env.pop(name, None)
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as workdir:   # the model_dir
@@ -53,7 +54,17 @@ def run(face: str, ranks: int, steps: int) -> dict:
     seconds = max(r["seconds"] for r in results)
     return {"samples_per_s": results[0]["steps"] * BATCH / seconds,
             "ms_per_step": 1000 * seconds / results[0]["steps"],
-            "bytes": results[0]["bytes"]}
+            "bytes": results[0]["bytes"], "width": results[0].get("width", 0.0),
+            "dense": results[0].get("dense", 0)}
+
+
+def exchange_run(face: str, measured: dict, steps: int) -> dict:
+    """The exchange alone (``ranks_worker.py exchange``) on 2 ranks, with the widths and
+    dense parameters ``face``'s 2-rank run ``measured``."""
+    env = {"SF_BENCH_WIDTH": str(measured["width"]), "SF_BENCH_DENSE": str(measured["dense"]),
+           "SF_BENCH_REPLY": str(DIM + 1 if face in ("session", "estimator") else DIM),
+           "SF_BENCH_EXCHANGES": "26" if face == "keras" else "1"}
+    return run("exchange", 2, steps, env)
 
 
 def main() -> None:
@@ -63,15 +74,22 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
     args = parser.parse_args()
     runs = {v: [] for v in VARIANTS}
+    exchanges = {face: [] for face in FACES}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for face, ranks in order:
             runs[(face, ranks)].append(run(face, ranks, args.steps))
             print(face, ranks, runs[(face, ranks)][-1], flush=True)
-    rows = []
+            if ranks == 2:   # the exchange alone, on the widths this run measured
+                exchanges[face].append(exchange_run(face, runs[(face, 2)][-1], args.steps))
+                print(face, "exchange", exchanges[face][-1], flush=True)
+    rows, bounds = [], []
     for face in FACES:
         ratios = [two["samples_per_s"] / one["samples_per_s"]
                   for one, two in zip(runs[(face, 1)], runs[(face, 2)])]
+        # Per round: the 2-rank step over (the 1-rank step + the exchange alone).
+        over = [two["ms_per_step"] / (one["ms_per_step"] + ex["ms_per_step"])
+                for one, two, ex in zip(runs[(face, 1)], runs[(face, 2)], exchanges[face])]
         for ranks in (1, 2):
             got = runs[(face, ranks)]
             rows.append(
@@ -81,6 +99,14 @@ def main() -> None:
                 f"{', '.join(format(g['samples_per_s'], ',.0f') for g in got)} | "
                 f"{'1.00x' if ranks == 1 else f'{statistics.median(ratios):.2f}x'} | "
                 f"{statistics.median(g['bytes'] for g in got) / 1e6:.2f} |")
+        one_ms = statistics.median(g["ms_per_step"] for g in runs[(face, 1)])
+        two_ms = statistics.median(g["ms_per_step"] for g in runs[(face, 2)])
+        ex_ms = statistics.median(g["ms_per_step"] for g in exchanges[face])
+        ratio = statistics.median(over)
+        bounds.append(
+            f"| {face} | {one_ms:.1f} | {ex_ms:.1f} | {two_ms:.1f} | **{ratio:.2f}** | "
+            f"{', '.join(f'{x:.2f}' for x in over)} | "
+            f"{'met' if ratio <= 1.3 else 'missed'} |")
     command = (f".venv/bin/python benchmarks/bench_ranks.py --rounds {args.rounds} "
                f"--steps {args.steps} --write")
     section = "\n".join([
@@ -99,6 +125,16 @@ def main() -> None:
         "MB sent per rank per step |",
         "|---|---:|---:|---:|---|---:|---:|",
         *rows, "",
+        "2-rank step against the 1-rank step plus the exchange alone (target: within 1.3x). "
+        "The exchange alone is `ranks_worker.py exchange` on 2 ranks: only the collectives "
+        "of the face's step (per exchange the counts' all-to-all and width agreement, the "
+        "keys', the rows' and the gradients' all-to-alls; the dense all-reduce), on buffers "
+        "of the mean width the face's 2-rank run of the same round agreed on, nothing else "
+        "in the step; ratios per round, median:", "",
+        "| face | 1 rank, ms/step | exchange alone, ms/step | 2 ranks, ms/step | "
+        "2 ranks / (1 rank + exchange) | per round | target <= 1.3 |",
+        "|---|---:|---:|---:|---:|---|---|",
+        *bounds, "",
         "Both ranks share this machine's 2 cores, so the ratio is the sharded layer's overhead "
         "(the all-to-alls, the owner-side key processing, a second process), not scaling. "
         "Bytes: counts, the width agreement, keys with their weights, rows (with a has-row "

@@ -8,9 +8,10 @@ Measurements, all in one process, interleaved over rounds (medians over rounds):
    ``category``) and averaged per step. TF runs ops concurrently on the machine's cores, so
    categories can add up to more than the step's wall time.
 2. Inside (d)'s numpy functions, during the same traced steps: the kernels that
-   ``sparseflow.lookup`` calls through its ``kk`` module (``expand_rows`` in the gather,
-   ``sum_by_restore`` in its gradient), the sparse optimizer's ``_update`` (the lazy Adam
-   kernel) and the tables' ``KeyProcessor.process`` / ``release`` / ``drain`` are wrapped
+   ``sparseflow.lookup`` calls through its ``bk`` module (``expand_tables`` in the gather,
+   ``sum_tables`` in its gradient, one call per step each), the sparse optimizer's
+   ``_update_tables`` (the lazy Adam kernel over every table) and the tables'
+   ``KeyProcessor.process`` / ``release`` / ``updated`` are wrapped
    with timers, in this process only and only for that run (nothing in sparseflow/ is
    changed): what a numpy function's node costs beyond its kernels is the numpy_function
    call, argument conversion, the Python around the kernels and any wait for the GIL or a
@@ -82,27 +83,33 @@ def _timed(fn, timers, label, count=None):
 
 
 # Labels of the wrapped functions.
-EXPAND = "kk.expand_rows"          # in sparseflow_gather: args (storage, rows, restore, ...)
-SUM = "kk.sum_by_restore"          # in sparseflow_gather_grad: args (grads, restore, out)
-UPDATE = "optimizer _update"       # in sparseflow_update: args (storage, rows, grads, step)
+EXPAND = "bk.expand_tables"        # in sparseflow_gather: one call per step and dim
+SUM = "bk.sum_tables"              # in sparseflow_gather_grad: one call per step and dim
+UPDATE = "optimizer _update_tables"  # in sparseflow_update: the lazy Adam kernel, all tables
 RELEASE = "KeyProcessor.release"   # in sparseflow_gather
-DRAIN = "KeyProcessor.drain"       # in sparseflow_update
+DRAIN = "KeyProcessor.updated"     # in sparseflow_update: marks, frees evicted rows
 PROCESS = "KeyProcessor.process"   # in the tf.data thread (sparseflow_keys)
 HOST_GATHER = "HostRows.gather"    # the per-table path; expected unused here
 WRAPPED = (EXPAND, SUM, UPDATE, RELEASE, DRAIN, PROCESS, HOST_GATHER)
 
 
+def _expand_items(a):
+    """(unique rows read, keys written) of an ``expand_tables`` call."""
+    starts, ends, member_rows = a[2], a[3], a[5]
+    parts = sorted(set(member_rows.tolist()))
+    return int(sum(ends[w] - starts[w] for w in parts)), int(a[8].shape[0])
+
+
 class _KernelProxy:
-    """Stands in for ``sparseflow.lookup.kk`` (the ``key_kernels`` module): times
-    ``expand_rows`` and ``sum_by_restore``, passes everything else through. Only
+    """Stands in for ``sparseflow.lookup.bk`` (the ``batch_kernels`` module): times
+    ``expand_tables`` and ``sum_tables``, passes everything else through. Only
     ``sparseflow.lookup``'s name is rebound: other users of the module are untouched."""
 
     def __init__(self, module, timers):
         self._module = module
-        self.expand_rows = _timed(module.expand_rows, timers, EXPAND,
-                                  lambda a: (len(a[1]), len(a[2])))   # unique rows, keys
-        self.sum_by_restore = _timed(module.sum_by_restore, timers, SUM,
-                                     lambda a: (len(a[2]), len(a[1])))  # unique rows, keys
+        self.expand_tables = _timed(module.expand_tables, timers, EXPAND, _expand_items)
+        self.sum_tables = _timed(module.sum_tables, timers, SUM,   # unique rows, keys
+                                 lambda a: (a[6].shape[0], sum(g.shape[0] for g in a[0])))
 
     def __getattr__(self, name):
         return getattr(self._module, name)
@@ -114,16 +121,17 @@ def instrumented_sparseflow(timers):
 
     def build(data, cap, **kw):
         built = ev.build_sparseflow(data, cap, **kw)
-        if not isinstance(sf_lookup.kk, _KernelProxy):
-            patched.append((sf_lookup, "kk", sf_lookup.kk))
-            sf_lookup.kk = _KernelProxy(sf_lookup.kk, timers)
+        if not isinstance(sf_lookup.bk, _KernelProxy):
+            patched.append((sf_lookup, "bk", sf_lookup.bk))
+            sf_lookup.bk = _KernelProxy(sf_lookup.bk, timers)
         for table in built.tables:
             p = table.processor
             p.process = _timed(p.process, timers, PROCESS, lambda a: (len(a[0]), 0))
             p.release = _timed(p.release, timers, RELEASE)
-            p.drain = _timed(p.drain, timers, DRAIN)
+            p.updated = _timed(p.updated, timers, DRAIN)
         opt = built.sparse_opt
-        opt._update = _timed(opt._update, timers, UPDATE, lambda a: (len(a[1]), 0))
+        opt._update_tables = _timed(opt._update_tables, timers, UPDATE,
+                                    lambda a: (sum(len(r) for r in a[1]), 0))
         original = HostRows.gather
         patched.append((HostRows, "gather", original))
         HostRows.gather = _timed(original, timers, HOST_GATHER, lambda a: (len(a[1]), 0))

@@ -28,6 +28,9 @@ N_DENSE = 13
 FEATURES = tuple(f"C{j + 1}" for j in range(len(CRITEO_CARDINALITIES)))
 HP = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
 PREFETCH = 2
+# The first batch's time (seconds): (d) extracts every batch's timestamp, as Rec SDK jobs
+# with eviction do.
+T0 = 1_700_000_000
 STDDEV = 0.05  # every table starts truncated-normal(0, 0.05)
 TF2_STEPS_PER_CALL = 10  # d_tf2: steps per tf.function call (a tf.range loop, as TPUEmbedding's)
 
@@ -40,11 +43,13 @@ TF2_STEPS_PER_CALL = 10  # d_tf2: steps per tf.function call (a tf.range loop, a
 @dataclass
 class Data:
     """Pre-generated batches: ``keys[j]`` int64 ``[N, B]`` (feature C(j+1), contiguous per
-    feature), ``dense`` float32 ``[N, B, 13]``, ``label`` float32 ``[N, B, 1]``."""
+    feature), ``dense`` float32 ``[N, B, 13]``, ``label`` float32 ``[N, B, 1]``,
+    ``timestamp`` int64 ``[N, B]`` (each row's time in seconds; batches move forward)."""
 
     keys: np.ndarray
     dense: np.ndarray
     label: np.ndarray
+    timestamp: np.ndarray
 
     @property
     def n_batches(self) -> int:
@@ -54,6 +59,7 @@ class Data:
         out = {f: self.keys[j] for j, f in enumerate(FEATURES)}
         out["dense"] = self.dense
         out["label"] = self.label
+        out["timestamp"] = self.timestamp
         return out
 
 
@@ -70,7 +76,10 @@ def make_data(n_batches: int, seed: int = 0) -> Data:
     for j in (0, 2, 3, 7, 11):
         logit += key_weight(keys[j], salt=j)
     label = (rng.random(logit.shape) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-    return Data(keys=keys, dense=dense, label=label[..., None])
+    # A minute of traffic per batch, its rows' times spread over it.
+    timestamp = (T0 + 60 * np.arange(n_batches, dtype=np.int64)[:, None]
+                 + rng.integers(0, 60, (n_batches, BATCH)))
+    return Data(keys=keys, dense=dense, label=label[..., None], timestamp=timestamp)
 
 
 def source_v1(data: Data):
@@ -233,7 +242,8 @@ def build_tf_lazy_adam(data: Data, cap: int) -> Built:
 def build_sparseflow(data: Data, cap: int, prefetch: int = PREFETCH, take: int | None = None,
                      parallel_map=None, reserve: bool = True) -> Built:
     """(d) sparseflow's Rec SDK flow: a FeatureSpec (access_threshold=1) and a table
-    (device_vocabulary_size = min(card, cap)) per feature, ``get_asc_insert_func`` in the
+    (device_vocabulary_size = min(card, cap)) per feature, a timestamp FeatureSpec (every
+    key's last-seen time is refreshed, as for eviction), ``get_asc_insert_func`` in the
     dataset map (sequential, as examples/session_demo.py), ``sparse_lookup``, lazy Adam from
     ``create_hash_optimizer`` on the tables and ``tf.compat.v1.train.AdamOptimizer`` on the
     dense variables, ``start_asc_pipeline``, Session.
@@ -246,33 +256,15 @@ def build_sparseflow(data: Data, cap: int, prefetch: int = PREFETCH, take: int |
     """
     sf.init()
     try:
-        specs = [sf.FeatureSpec(f, table_name=f"t_{f}", access_threshold=1) for f in FEATURES]
-        tables = [sf.create_table(tf.int64, DIM, f"t_{f}",
-                                  tf.compat.v1.truncated_normal_initializer(stddev=STDDEV),
-                                  device_vocabulary_size=v)
-                  for f, v in zip(FEATURES, capacities(cap))]
+        specs, timestamp = _sparseflow_specs()
+        tables = _sparseflow_tables(cap)
         ds, feed = source_v1(data)
         if take is not None:
             ds = ds.take(take)
-        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs, is_training=True),
+        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs + [timestamp], is_training=True),
                     num_parallel_calls=parallel_map).prefetch(prefetch)
         it, batch, get_next = _iterator(ds)
-        with tf.name_scope("lookup"):
-            embs = [sf.sparse_lookup(t, s, is_train=True, batch=batch, name=f"lookup_{s.name}")
-                    for t, s in zip(tables, specs)]
-        model = new_model()
-        loss = bce(batch["label"], model(batch["dense"], embs))
-        dense_vars, sparse_vars = sf.get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense_vars + sparse_vars)
-        dense_opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"],
-                                                     HP["beta2"], HP["epsilon"],
-                                                     name="dense_adam")
-        sparse_opt = lazy_adam.create_hash_optimizer(
-            learning_rate=HP["learning_rate"], beta1=HP["beta1"], beta2=HP["beta2"],
-            epsilon=HP["epsilon"], name="sparse_adam")
-        train_op = tf.group(
-            dense_opt.apply_gradients(zip(grads[:len(dense_vars)], dense_vars)),
-            sparse_opt.apply_gradients(zip(grads[len(dense_vars):], sparse_vars)))
+        loss, train_op, sparse_opt = _sparseflow_train(batch, tables, specs)
         sf.start_asc_pipeline()
     except BaseException:
         sf.terminate_config_initializer()
@@ -288,6 +280,41 @@ def build_sparseflow(data: Data, cap: int, prefetch: int = PREFETCH, take: int |
                  close=sf.terminate_config_initializer,
                  new_keys=lambda: sum(t.size() for t in tables), tables=tables,
                  sparse_opt=sparse_opt)
+
+
+def _sparseflow_specs():
+    """(d)'s FeatureSpecs: one per feature (admission at the first occurrence), and the
+    batch's timestamp."""
+    specs = [sf.FeatureSpec(f, table_name=f"t_{f}", access_threshold=1) for f in FEATURES]
+    return specs, sf.FeatureSpec("timestamp", is_timestamp=True)
+
+
+def _sparseflow_tables(cap: int) -> list:
+    return [sf.create_table(tf.int64, DIM, f"t_{f}",
+                            tf.compat.v1.truncated_normal_initializer(stddev=STDDEV),
+                            device_vocabulary_size=v)
+            for f, v in zip(FEATURES, capacities(cap))]
+
+
+def _sparseflow_train(batch: dict, tables: list, specs: list, extra_ops=()):
+    """(d)'s model on a processed batch: lookups, the DLRM, lazy Adam on the tables and
+    ``AdamOptimizer`` on the dense variables. Returns (loss, train op, sparse optimizer)."""
+    with tf.name_scope("lookup"):
+        embs = [sf.sparse_lookup(t, s, is_train=True, batch=batch, name=f"lookup_{s.name}")
+                for t, s in zip(tables, specs)]
+    model = new_model()
+    loss = bce(batch["label"], model(batch["dense"], embs))
+    dense_vars, sparse_vars = sf.get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, dense_vars + sparse_vars)
+    dense_opt = tf.compat.v1.train.AdamOptimizer(HP["learning_rate"], HP["beta1"],
+                                                 HP["beta2"], HP["epsilon"], name="dense_adam")
+    sparse_opt = lazy_adam.create_hash_optimizer(
+        learning_rate=HP["learning_rate"], beta1=HP["beta1"], beta2=HP["beta2"],
+        epsilon=HP["epsilon"], name="sparse_adam")
+    train_op = tf.group(
+        dense_opt.apply_gradients(zip(grads[:len(dense_vars)], dense_vars)),
+        sparse_opt.apply_gradients(zip(grads[len(dense_vars):], sparse_vars)), *extra_ops)
+    return loss, train_op, sparse_opt
 
 
 def build_sparseflow_parallel(data: Data, cap: int, **kw) -> Built:
@@ -429,7 +456,8 @@ def run_sparseflow_tf2(data: Data, cap: int, warmup: int, steps: int,
     embedding = tf2.Embedding(features, tf2.Adam(HP["learning_rate"], HP["beta1"], HP["beta2"],
                                                  HP["epsilon"]))
     embedding.reserve_memory()   # as (d) reserves its tables' memory, outside the timing
-    ds = source_v2(data).map(lambda b: (embedding.preprocess({f: b[f] for f in FEATURES}),
+    ds = source_v2(data).map(lambda b: (embedding.preprocess({f: b[f] for f in FEATURES},
+                                                             timestamp=b["timestamp"]),
                                         b["dense"], b["label"]))
     it = iter(ds.prefetch(PREFETCH))
     model = new_model()
@@ -467,6 +495,150 @@ def run_sparseflow_tf2(data: Data, cap: int, warmup: int, steps: int,
         loss.numpy()
         step_s += [(time.perf_counter() - t0) / steps_per_call] * steps_per_call
     return RunResult(step_s, [], [], float(loss))
+
+
+def run_sparseflow_estimator(data: Data, cap: int, warmup: int, steps: int) -> RunResult:
+    """``d_est``: (d)'s graph through ``sparseflow.estimator.Estimator.train`` with
+    ``RunConfig``'s defaults (a log line and summaries every 100 steps, checkpoints every
+    600 s): the specs and (d)'s source and map in ``input_fn``, the tables and model in
+    ``model_fn``. ``input_fn`` returns the batch of an iterator of its own, which a hook
+    initialises with (d)'s feed (the Estimator's own iterator could not feed (d)'s
+    placeholders), and the hook commits the tables' memory there, as (d) does. A step's time
+    runs from one step's ``before_run`` to the next's: the Estimator's hooks and loop
+    included."""
+    import shutil
+    import tempfile
+
+    from sparseflow import estimator as est
+
+    holder = {}
+
+    def input_fn():
+        holder["specs"], timestamp = _sparseflow_specs()
+        ds, feed = source_v1(data)
+        ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=holder["specs"] + [timestamp],
+                                           is_training=True)).prefetch(PREFETCH)
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        holder["init"] = (it.initializer, feed)
+        return it.get_next()
+
+    def model_fn(features, mode):
+        holder["tables"] = _sparseflow_tables(cap)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        loss, train_op, _ = _sparseflow_train(features, holder["tables"], holder["specs"],
+                                              [tf.compat.v1.assign_add(step, 1)])
+        holder["loss"] = loss
+        return est.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    class Timer(tf.compat.v1.train.SessionRunHook):
+        def __init__(self):
+            self.count, self.last, self.step_s, self.loss = 0, None, [], float("nan")
+
+        def after_create_session(self, session, coord):
+            op, feed = holder["init"]
+            session.run(op, feed_dict=feed)
+            for table in holder["tables"]:
+                table.reserve_memory()
+
+        def before_run(self, run_context):
+            now = time.perf_counter()
+            if self.count > warmup:
+                self.step_s.append(now - self.last)
+            self.last = now
+            self.count += 1
+            return tf.compat.v1.train.SessionRunArgs(holder["loss"])
+
+        def after_run(self, run_context, run_values):
+            self.loss = float(run_values.results)
+
+    model_dir = tempfile.mkdtemp(prefix="e2e-estimator-")
+    timer = Timer()
+    sf.init()
+    try:
+        est.Estimator(model_fn, model_dir=model_dir).train(input_fn, hooks=[timer],
+                                                           steps=warmup + steps + 1)
+    finally:
+        sf.terminate_config_initializer()
+        shutil.rmtree(model_dir, ignore_errors=True)
+        gc.collect()
+    return RunResult(timer.step_s, [], [], timer.loss)
+
+
+def yaml_job_text(parquet: str, cap: int, batches: int) -> str:
+    """The YAML job of (d)'s workload: the batches from a Parquet file in order (no
+    shuffling), the same tables (admission at the first occurrence, truncated normal 0.05),
+    timestamps, DLRM and optimizers."""
+    tables = "\n".join(f"  t_{f}: {{vocabulary_size: {v}}}"
+                       for f, v in zip(FEATURES, capacities(cap)))
+    features = "\n".join(f"  {f}: {{table: t_{f}}}" for f in FEATURES)
+    adam = (f"beta1: {HP['beta1']}, beta2: {HP['beta2']}, epsilon: {HP['epsilon']!r}, "
+            f"learning_rate: {HP['learning_rate']!r}")
+    return f"""name: e2e
+data: {{source: parquet, train: [{parquet}], shuffle_buffer: 0}}
+columns:
+  labels: [label]
+  dense: [{", ".join(f"I{i + 1}" for i in range(N_DENSE))}]
+  dense_transform: none
+  sparse: [{", ".join(FEATURES)}]
+  timestamp: timestamp
+tables:
+  defaults:
+    dim: {DIM}
+    initializer: {{name: truncated_normal, stddev: {STDDEV}}}
+    access_threshold: 1
+{tables}
+features:
+{features}
+optimizer:
+  sparse: {{name: lazy_adam, {adam}}}
+  dense: {{name: adam, {adam}}}
+model: {{name: dlrm, bottom_mlp: [64, 16], top_mlp: [256, 128]}}
+schedule: {{batch_size: {BATCH}, max_steps: {batches}, log_every: 10}}
+output: {{dir: unused, tensorboard: false}}
+"""
+
+
+def write_parquet(data: Data, path: str) -> None:
+    """(d)'s batches, in order, as one Parquet file of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = data.n_batches * BATCH
+    columns = {"label": data.label.reshape(n)}
+    for i in range(N_DENSE):
+        columns[f"I{i + 1}"] = data.dense[..., i].reshape(n)
+    for j, f in enumerate(FEATURES):
+        columns[f] = data.keys[j].reshape(n)
+    columns["timestamp"] = data.timestamp.reshape(n)
+    pq.write_table(pa.table(columns), path, row_group_size=16 * BATCH)
+
+
+def build_yaml_job(data: Data, cap: int, parquet: str) -> Built:
+    """``d_yaml``: (d)'s workload as a YAML job (:func:`yaml_job_text`): the job's own graph
+    (``sparseflow.jobs``: its Parquet reader, its insert function's map, DLRM, optimizers),
+    run by the same timing loop as the other graphs."""
+    from sparseflow.jobs.graph import JobGraph
+    from sparseflow.jobs.schema import parse_config
+
+    cfg = parse_config(yaml_job_text(parquet, cap, data.n_batches))
+    sf.init()
+    try:
+        job = JobGraph.build(cfg, training=True, evaluation=False)
+    except BaseException:
+        sf.terminate_config_initializer()
+        raise
+    get_next = next(op.name for op in tf.compat.v1.get_default_graph().get_operations()
+                    if op.type.startswith("IteratorGetNext"))
+    tables = list(job.tables.values())
+
+    def after_init():
+        for t in tables:
+            t.reserve_memory()
+
+    return Built(job.train_op, job.train.loss, job.train_iterator.initializer,
+                 {job.train_skip: 0}, get_next, [tf.compat.v1.global_variables_initializer()],
+                 after_init=after_init, close=sf.terminate_config_initializer,
+                 new_keys=lambda: sum(t.size() for t in tables), tables=tables)
 
 
 def run_tf2(variant: str, data: Data, cap: int, warmup: int, steps: int) -> RunResult:

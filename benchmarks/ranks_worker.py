@@ -107,6 +107,13 @@ def _session_bytes(sf, size: int, dense) -> float:
     return exchange_bytes(widths, size, 26, DIM + 1, n_dense)
 
 
+def _session_width(sf) -> float:
+    """The mean agreed width m of the timed steps' exchanges (0.0 on one rank)."""
+    rt = sf.runtime.current()
+    widths = [w for r in rt.routers.values() for w in list(r.widths)[WARMUP:]]
+    return float(np.mean(widths)) if widths else 0.0
+
+
 def session(steps: int, global_batch: int, workdir: str) -> dict:
     import sparseflow as sf
     from sparseflow.distributed import collectives
@@ -128,7 +135,8 @@ def session(steps: int, global_batch: int, workdir: str) -> dict:
             sess.run(train)
         seconds = time.perf_counter() - begin
     return {"rank": rank, "size": size, "seconds": seconds,
-            "bytes": _session_bytes(sf, size, dense)}
+            "bytes": _session_bytes(sf, size, dense), "width": _session_width(sf),
+            "dense": sum(int(np.prod(v.shape)) for v in dense)}
 
 
 def estimator(steps: int, global_batch: int, workdir: str) -> dict:
@@ -237,7 +245,8 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
     n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
     return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
-            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense)}
+            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense),
+            "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
 
 
 def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
@@ -288,10 +297,59 @@ def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
     others = ranks.size - 1
     dense_bytes = 2.0 * others / ranks.size * n_dense * 4
     return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
-            "bytes": float(sum(per_layer)) + dense_bytes}
+            "bytes": float(sum(per_layer)) + dense_bytes,
+            "width": float(np.mean([np.mean(w) for w in widths if w])) if widths else 0.0,
+            "dense": n_dense}
 
 
-FACES = {"session": session, "estimator": estimator, "tf2": tf2_face, "keras": keras_face}
+def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
+    """Only the collectives of a face's training step, on buffers of the widths that face
+    measured (environment: ``SF_BENCH_WIDTH`` the mean agreed width m of one exchange,
+    ``SF_BENCH_REPLY`` the reply's floats per key (17 with the Session faces' has-row flag,
+    else 16), ``SF_BENCH_EXCHANGES`` exchanges per step (1; the Keras face: 26, one per
+    table), ``SF_BENCH_DENSE`` dense parameters all-reduced): per exchange, as
+    ``BatchExchange`` runs them, the counts' all-to-all and the width agreement, the keys'
+    all-to-all, the rows' all-to-all back, then the gradients' all-to-all; then the dense
+    gradients' all-reduce. Nothing else runs: the step's time is the exchange's time."""
+    import sparseflow as sf
+    from sparseflow.distributed import collectives, graph_world
+    from sparseflow.distributed.sharding import PAD_KEY
+
+    tf.compat.v1.disable_eager_execution()
+    sf.init()
+    rank, size = collectives.rank_and_size()
+    width = int(round(float(os.environ["SF_BENCH_WIDTH"])))
+    reply_width = int(os.environ.get("SF_BENCH_REPLY", DIM + 1))
+    n_exchanges = int(os.environ.get("SF_BENCH_EXCHANGES", "1"))
+    dense = int(os.environ.get("SF_BENCH_DENSE", "0"))
+    tables = 26 // n_exchanges
+    ex = graph_world.current().exchange(tf.compat.v1.get_default_graph())
+    done = []
+    for _ in range(n_exchanges):
+        send = tf.fill([size, width, 2], tf.constant(PAD_KEY, tf.int64))
+        counts = tf.fill([size, tables], width // tables)
+        received, _, _ = ex.all_to_all_dynamic(send, counts, PAD_KEY,
+                                               tf.constant(0, tf.int64))
+        m = tf.shape(received)[1]
+        back = ex.all_to_all(tf.zeros(tf.stack([size, m, reply_width])))
+        with tf.control_dependencies([back]):
+            grads = ex.all_to_all(tf.zeros(tf.stack([size, m, DIM])))
+        done += [back, grads]
+    with tf.control_dependencies(done[::2]):   # after the rows came back, as the backward
+        reduced = collectives.all_reduce(tf.zeros([dense])) if dense else tf.constant(0.0)
+    step = tf.group(*done, reduced)
+    with tf.compat.v1.Session() as sess:
+        for _ in range(WARMUP):
+            sess.run(step)
+        begin = time.perf_counter()
+        for _ in range(steps - WARMUP):
+            sess.run(step)
+        seconds = time.perf_counter() - begin
+    return {"rank": rank, "size": size, "seconds": seconds, "bytes": 0.0, "width": width}
+
+
+FACES = {"session": session, "estimator": estimator, "tf2": tf2_face, "keras": keras_face,
+         "exchange": exchange_face}
 
 if __name__ == "__main__":
     face, steps, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

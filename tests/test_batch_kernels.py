@@ -103,3 +103,9 @@ def test_batch_kernels_empty():
     summed = np.zeros((0, 3), np.float32)
     bk.sum_tables((out,), np.zeros(0, np.int32), starts, ends, layout[1], layout[2], summed)
     assert out.shape == (0, 3) and summed.shape == (0, 3)
+
+
+def test_batch_kernels_release_the_gil():
+    # The gather and the gradient sum run in the training step beside TensorFlow's threads.
+    for kernel in (bk.expand_tables, bk.sum_tables):
+        assert kernel.targetoptions["nogil"] is True

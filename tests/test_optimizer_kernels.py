@@ -526,7 +526,7 @@ def test_module_does_not_import_tensorflow():
 
 def test_kernels_release_the_gil_and_public_functions_are_documented():
     kernels = [ok._scan_rows, ok._gather_sum, ok._no_duplicates, ok._max_row, ok._sgd_kernel,
-               ok._adagrad_kernel, ok._adam_kernel, ok._ftrl_kernel]
+               ok._adagrad_kernel, ok._adam_kernel, ok._ftrl_kernel, ok._adam_tables]
     for kernel in kernels:
         assert kernel.targetoptions["nogil"] is True
         assert kernel.targetoptions.get("fastmath") is False

@@ -122,6 +122,8 @@ class BatchExchange:
     def owner_gradients(self, dy: tf.Tensor) -> list:
         """Per table, the ``IndexedSlices`` its sparse optimizer applies at the owner: each
         key's gradients from every rank summed, at the key's row (-1: none)."""
+        from sparseflow.lookup import mark_batch_unique_rows
+
         router, tables = self.router, self.router.tables
         received = self.to_owners(dy)
 
@@ -136,6 +138,7 @@ class BatchExchange:
         for t, table in enumerate(tables):
             rows, values = outs[2 * t], outs[2 * t + 1]
             rows.set_shape([None])
+            mark_batch_unique_rows(rows)   # one row per key at its owner: distinct
             values.set_shape([None, table.dim])
             slices.append(tf.IndexedSlices(
                 values, rows, tf.constant([table.capacity(), table.dim], tf.int64)))

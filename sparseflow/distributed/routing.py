@@ -32,6 +32,7 @@ import numpy as np
 
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.ops import shard_kernels
+from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_keys
 
 
@@ -319,8 +320,9 @@ class KeyRouter:
           The number of tables updated.
         """
         summed = self.sum_gradients(token, grads)
-        for table, (rows, grad) in zip(self.tables, summed):
-            table.rows.optimizer.apply_at_rows(table, rows, grad)
+        # One row per key of a table at its owner: the rows are distinct.
+        apply_by_optimizer(self.tables, [rows for rows, _ in summed],
+                           [grad for _, grad in summed], unique=True)
         return np.int64(len(summed))
 
     def sum_gradients(self, token: int, grads: np.ndarray) -> list:

@@ -566,6 +566,9 @@ def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: li
       steps: each table's 1-based update count, this one included.
       learning_rate, beta1, beta2, epsilon: as :func:`apply_lazy_adam`.
 
+    Returns:
+      None.
+
     Raises:
       ValueError: the tuples differ in length, or an array's dtype, layout, width or length
         does not fit (as :func:`apply_lazy_adam`).

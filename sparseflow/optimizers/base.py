@@ -295,6 +295,27 @@ class SparseOptimizer:
         raise NotImplementedError
 
 
+def apply_by_optimizer(tables: list, rows: list, grads: list, unique: bool) -> None:
+    """Applies each table's own optimizer (``table.rows.optimizer``): one
+    :meth:`SparseOptimizer.apply_at_tables` per optimizer over its tables.
+
+    Args:
+      tables: host tables, each with an optimizer bound.
+      rows: per table, int32 ``[U]`` rows (-1 skipped).
+      grads: per table, float32 ``[U, dim]``, summed per row.
+      unique: every table's rows are distinct.
+    """
+    groups = {}
+    for table, r, g in zip(tables, rows, grads):
+        optimizer = table.rows.optimizer
+        group = groups.setdefault(id(optimizer), (optimizer, [], [], []))
+        group[1].append(table)
+        group[2].append(r)
+        group[3].append(g)
+    for optimizer, group_tables, group_rows, group_grads in groups.values():
+        optimizer.apply_at_tables(group_tables, group_rows, group_grads, unique)
+
+
 def gradients_of(loss, xs: list, gate_gradients, aggregation_method,
                  colocate_gradients_with_ops, grad_loss) -> list:
     """``tf.compat.v1.gradients(loss, xs)`` with TF optimizers' ``compute_gradients`` options

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
 from sparseflow.ops import batch_kernels as bk
+from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
@@ -537,18 +538,11 @@ class Embedding(tf.Module):
                 bk.sum_tables(bk.as_tuple(np.asarray(grads[k], np.float32) for k in members),
                               packed, starts, ends, rows_of, restore_of, summed)
                 # The rows are the batch's unique keys' rows: distinct.
-                by_optimizer = {}
-                at = 0
-                for t in table_ids:
-                    n = int(sizes[t])
-                    optimizer = tables[t].rows.optimizer
-                    group = by_optimizer.setdefault(id(optimizer), (optimizer, [], [], []))
-                    group[1].append(tables[t])
-                    group[2].append(packed[starts[t]:ends[t]])
-                    group[3].append(summed[at:at + n])
-                    at += n
-                for optimizer, group_tables, rows, summed_rows in by_optimizer.values():
-                    optimizer.apply_at_tables(group_tables, rows, summed_rows, unique=True)
+                at = np.cumsum([0] + [int(sizes[t]) for t in table_ids])
+                apply_by_optimizer([tables[t] for t in table_ids],
+                                   [packed[starts[t]:ends[t]] for t in table_ids],
+                                   [summed[at[i]:at[i + 1]] for i in range(len(table_ids))],
+                                   unique=True)
             return np.int64(n_tables)
 
         return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],
