@@ -18,10 +18,17 @@ Runs without collectives keep TensorFlow's default (no key): a rank may run thos
 from __future__ import annotations
 
 import threading
+import time
 
 import tensorflow as tf
 
 from sparseflow.pipeline.graph_cache import graph_cache
+
+# A rank cleans a failed collective step up after the step has returned its error
+# (asynchronously); a peer's next collective step reaching it meanwhile found the failed step's
+# buffers deleted under it ("Delete called on non-empty BufRendezvous", which aborts every
+# later collective of the process). The next collective step after a failure waits this long.
+SETTLE_SECONDS = 0.5
 
 # Any int64 but 0 (no key); far from TensorFlow's hashes of V1 instance keys by chance only.
 BASE_GRAPH_KEY = 0x5F5F_0000_0000
@@ -32,6 +39,7 @@ class StepKeys:
 
     def __init__(self):
         self._failed = 0
+        self._failed_at = None
         self._lock = threading.Lock()
 
     def key(self) -> int:
@@ -43,6 +51,17 @@ class StepKeys:
         """A collective step failed: the next ones use a new key (a new step sequence)."""
         with self._lock:
             self._failed += 1
+            self._failed_at = time.monotonic()
+
+    def settle(self) -> None:
+        """Before a collective step: if one failed less than :data:`SETTLE_SECONDS` ago, waits
+        out the rest, so that every rank has cleaned the failed step up."""
+        with self._lock:
+            failed_at = self._failed_at
+        if failed_at is not None:
+            left = SETTLE_SECONDS - (time.monotonic() - failed_at)
+            if left > 0:
+                time.sleep(left)
 
     def run_options(self, graph: tf.Graph, fetches, options):
         """``options`` (a ``RunOptions`` or None) for a run of ``fetches`` in ``graph``: with
@@ -52,6 +71,7 @@ class StepKeys:
             return options, False
         if not runs_collectives(graph, fetches):
             return options, False
+        self.settle()
         keyed = tf.compat.v1.RunOptions()
         if options is not None:
             keyed.CopyFrom(options)
