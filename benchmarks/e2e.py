@@ -634,7 +634,9 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
          "`sparseflow.models.DLRM(bottom_mlp=(64, 16), top_mlp=(256, 128), n_outputs=1, "
          "interaction=\"dot\")` for the dense math of every variant; Adam everywhere "
          "(lr 1e-3, betas 0.9/0.999, eps 1e-8); sparseflow with admission on "
-         f"(`access_threshold=1`). {n} distinct batches ({n * ev.BATCH:,} rows), "
+         "(`access_threshold=1`) and timestamps on (each row carries its time; every "
+         "sparseflow variant extracts the batch's timestamp and refreshes its keys' last-seen "
+         f"times, as for eviction). {n} distinct batches ({n * ev.BATCH:,} rows), "
          f"{args.warmup} warm-up steps ({args.warmup_b} for (b)), then {args.steps} timed "
          f"steps ({args.steps_b} for (b), ~0.25 s each)."),
         "",
@@ -660,7 +662,7 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
             x = ratios[k]
             lines.append(f"| {k} | {x['median']:.2f} | "
                          f"{', '.join(f'{y:.2f}' for y in x['rounds'])} | none: the targets "
-                         "are evaluated on (d) and d_tf2 | |")
+                         "are evaluated on (d) and the faces' main loops | |")
     if "d" in per:
         w = per["d"]["wait"]
         lines.append(f"| (d) input wait | **{_pct(w)}** | | < {100 * WAIT_TARGET:g}% | "
@@ -678,7 +680,15 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
                    "not measured apart); d_tf2_1 calls the function once per step. Their final "
                    "losses differ from (d)'s only by the steps (d) runs in its traced steps; "
                    "the TF2 and Session paths give the same losses step for step "
-                   "(tests/test_tf2.py)."),
+                   "(tests/test_tf2.py). d_est builds (d)'s graph from a `model_fn` and runs "
+                   "`sparseflow.estimator.Estimator.train` with `RunConfig`'s defaults; its "
+                   "step runs from one step's `before_run` to the next's (the Estimator's hooks "
+                   "and loop included). d_yaml is the YAML job of the same workload "
+                   "(`e2e_variants.yaml_job_text`: the batches from a Parquet copy, read in "
+                   "order, the same tables, timestamps, DLRM and optimizers): the job's own "
+                   "graph (`sparseflow.jobs.graph.JobGraph`: its Parquet reader, its insert "
+                   "function's map, which is parallel with access_threshold 1), timed by the "
+                   "same loop as (d)."),
               "", METHOD.strip()]
     if prof is not None:
         lines += ["", "### Profile of (d) against (a) and (c)", "", PROFILE_METHOD.strip(), "",
@@ -695,7 +705,8 @@ Method:
   from the Zipf tails as in training. They reach every variant through the same tf.data
   source: `Dataset.from_tensor_slices` over placeholders fed once when the iterator is
   initialised (no graph constants), one dict element per batch (26 int64 `[4096]` key
-  tensors, dense `[4096, 13]`, label `[4096, 1]`), `prefetch(2)`; (d) maps it through
+  tensors, dense `[4096, 13]`, label `[4096, 1]`, timestamp `[4096]`), `prefetch(2)`; (d)
+  maps it through
   `get_asc_insert_func` (sequential map, as `examples/session_demo.py`), d_par the same with
   `num_parallel_calls=tf.data.AUTOTUNE`.
 - Execution: (a), (b), (c), (d) are `tf.compat.v1` graphs run by a `Session`, each built in a
@@ -719,8 +730,8 @@ Method:
   initialisation, outside the timing.
 - Timing: warm-up steps first (numba cache loads, first allocations, tf.function tracing);
   then every step is timed with `time.perf_counter` around `Session.run`; samples/s =
-  4096 x timed steps / their total time. Variants run interleaved, a, a_tf2, b, b_tf2, c, d,
-  d_par, then again, and each variant's number is the median over rounds; each ratio is computed
+  4096 x timed steps / their total time. Variants run interleaved in the order listed,
+  then again, and each variant's number is the median over rounds; each ratio is computed
   per round and the median reported.
 - Input wait: every N-th step (`--trace-every`, default 10) runs with
   `RunOptions(trace_level=FULL_TRACE)` and is not timed; the wall time of its

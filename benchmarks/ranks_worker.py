@@ -134,9 +134,13 @@ def session(steps: int, global_batch: int, workdir: str) -> dict:
         for _ in range(steps - WARMUP):
             sess.run(train)
         seconds = time.perf_counter() - begin
+    stages = {}
+    for router in sf.runtime.current().routers.values():
+        for stage, total in router.seconds.items():
+            stages[stage] = stages.get(stage, 0.0) + 1e3 * total / steps
     return {"rank": rank, "size": size, "seconds": seconds,
             "bytes": _session_bytes(sf, size, dense), "width": _session_width(sf),
-            "dense": sum(int(np.prod(v.shape)) for v in dense)}
+            "dense": sum(int(np.prod(v.shape)) for v in dense), "stage_ms": stages}
 
 
 def estimator(steps: int, global_batch: int, workdir: str) -> dict:
