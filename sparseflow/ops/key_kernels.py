@@ -11,6 +11,7 @@ import numpy as np
 
 from sparseflow.ops.hash_index import (COUNT_MAX, EMPTY, UNADMITTED, find_or_empty_slot,
                                        home_slot)
+from sparseflow.ops.batch_kernels import ROW_PREFETCH_AHEAD
 from sparseflow.ops.prefetch import prefetch_for_write
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
@@ -281,8 +282,15 @@ def mark_rows(marks, rows):
 
 @numba.njit(**_JIT)
 def gather_rows(storage, rows, dim, out):
-    """out[i] = storage[rows[i], :dim], or zeros where rows[i] < 0."""
-    for i in range(rows.shape[0]):
+    """out[i] = storage[rows[i], :dim], or zeros where rows[i] < 0 (prefetching as
+    ``batch_kernels.expand_tables`` does: the rows are cold)."""
+    n = rows.shape[0]
+    for i in range(n):
+        if i + ROW_PREFETCH_AHEAD < n:
+            ahead = rows[i + ROW_PREFETCH_AHEAD]
+            if ahead >= 0:
+                prefetch_for_write(storage, (ahead, 0))
+                prefetch_for_write(storage, (ahead, dim - 1))
         r = rows[i]
         if r < 0:
             for j in range(dim):
