@@ -163,7 +163,7 @@ def estimator(steps: int, global_batch: int, workdir: str) -> dict:
         return est.EstimatorSpec(mode, loss=tf.constant(0.0), train_op=train)
 
     class Timer(tf.compat.v1.train.SessionRunHook):
-        count, started, seconds, bytes = 0, None, None, None
+        count, started, seconds, bytes, width = 0, None, None, None, 0.0
 
         def before_run(self, run_context):
             if self.count == WARMUP:
@@ -174,12 +174,15 @@ def estimator(steps: int, global_batch: int, workdir: str) -> dict:
             if self.count == steps:
                 self.seconds = time.perf_counter() - self.started
                 self.bytes = _session_bytes(sf, size, holder["dense"])
+                self.width = _session_width(sf)
 
     timer = Timer()
     sf.init()
     est.Estimator(model_fn, model_dir=os.path.join(workdir, "model")).train(
         input_fn, hooks=[timer], steps=steps)
-    return {"rank": rank, "size": size, "seconds": timer.seconds, "bytes": timer.bytes}
+    return {"rank": rank, "size": size, "seconds": timer.seconds, "bytes": timer.bytes,
+            "width": timer.width,
+            "dense": sum(int(np.prod(v.shape)) for v in holder["dense"])}
 
 
 def _timed_run(strategy, replica_step, ds, steps: int) -> float:
@@ -323,6 +326,9 @@ def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
     sf.init()
     rank, size = collectives.rank_and_size()
     width = int(round(float(os.environ["SF_BENCH_WIDTH"])))
+    if width < 1:
+        raise ValueError(f"SF_BENCH_WIDTH must be >= 1 (the width a 2-rank run measured); "
+                         f"received {os.environ['SF_BENCH_WIDTH']!r}")
     reply_width = int(os.environ.get("SF_BENCH_REPLY", DIM + 1))
     n_exchanges = int(os.environ.get("SF_BENCH_EXCHANGES", "1"))
     dense = int(os.environ.get("SF_BENCH_DENSE", "0"))
