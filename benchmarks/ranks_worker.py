@@ -114,6 +114,20 @@ def _session_width(sf) -> float:
     return float(np.mean(widths)) if widths else 0.0
 
 
+def _timed_session(step, steps: int, init=None) -> float:
+    """Seconds of ``steps - WARMUP`` runs of ``step`` in a Session, after ``init`` and the
+    warm-up runs."""
+    with tf.compat.v1.Session() as sess:
+        if init is not None:
+            sess.run(init)
+        for _ in range(WARMUP):
+            sess.run(step)
+        begin = time.perf_counter()
+        for _ in range(steps - WARMUP):
+            sess.run(step)
+        return time.perf_counter() - begin
+
+
 def session(steps: int, global_batch: int, workdir: str) -> dict:
     import sparseflow as sf
     from sparseflow.distributed import collectives
@@ -126,14 +140,7 @@ def session(steps: int, global_batch: int, workdir: str) -> dict:
     batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
     train, dense = _session_model(sf, specs, batch, global_batch)
     sf.start_asc_pipeline()
-    with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(WARMUP):
-            sess.run(train)
-        begin = time.perf_counter()
-        for _ in range(steps - WARMUP):
-            sess.run(train)
-        seconds = time.perf_counter() - begin
+    seconds = _timed_session(train, steps, tf.compat.v1.global_variables_initializer())
     stages = {}
     for router in sf.runtime.current().routers.values():
         for stage, total in router.seconds.items():
@@ -347,14 +354,7 @@ def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
         done += [back, grads]
     with tf.control_dependencies(done[::2]):   # after the rows came back, as the backward
         reduced = collectives.all_reduce(tf.zeros([dense])) if dense else tf.constant(0.0)
-    step = tf.group(*done, reduced)
-    with tf.compat.v1.Session() as sess:
-        for _ in range(WARMUP):
-            sess.run(step)
-        begin = time.perf_counter()
-        for _ in range(steps - WARMUP):
-            sess.run(step)
-        seconds = time.perf_counter() - begin
+    seconds = _timed_session(tf.group(*done, reduced), steps)
     return {"rank": rank, "size": size, "seconds": seconds, "bytes": 0.0, "width": width}
 
 

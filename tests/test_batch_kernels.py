@@ -107,5 +107,18 @@ def test_batch_kernels_empty():
 
 def test_batch_kernels_release_the_gil():
     # The gather and the gradient sum run in the training step beside TensorFlow's threads.
-    for kernel in (bk.expand_tables, bk.sum_tables):
+    for kernel in (bk.expand_tables, bk.sum_tables, bk.gather_rows):
         assert kernel.targetoptions["nogil"] is True
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gather_rows_vs_numpy(dtype):
+    rng = np.random.default_rng(5)
+    storage = rng.standard_normal((40, 12)).astype(dtype)
+    rows = rng.integers(-1, 40, 300).astype(np.int32)   # past the prefetch distance
+    for dim in (12, 7, 1):
+        out = np.full((rows.shape[0], dim), np.nan, dtype)
+        bk.gather_rows(storage, rows, dim, out)
+        expected = np.where((rows >= 0)[:, None], storage[np.maximum(rows, 0), :dim], 0)
+        np.testing.assert_array_equal(out, expected)
+    out = np.full((0, 4), np.nan, dtype)
+    bk.gather_rows(storage, np.zeros(0, np.int32), 4, out)

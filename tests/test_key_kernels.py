@@ -1,4 +1,4 @@
-"""Key-side kernels (``dedup``, ``assign_rows``, ``touch_rows``, ``gather_rows``) and
+"""Key-side kernels (``dedup``, ``assign_rows``, ``touch_rows``) and
 ``KeyProcessor.process`` against independent numpy / pure Python references.
 
 The admission reference (:class:`RefProcessor`) is a dict ``key -> [count, row]`` updated one
@@ -730,18 +730,6 @@ def test_touch_rows_vs_numpy():
     np.testing.assert_array_equal(last_seen, expected)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gather_rows_vs_numpy(dtype):
-    rng = np.random.default_rng(5)
-    storage = rng.standard_normal((40, 12)).astype(dtype)
-    rows = rng.integers(-1, 40, 100).astype(np.int32)
-    for dim in (12, 7, 1):
-        out = np.full((rows.shape[0], dim), np.nan, dtype)
-        kk.gather_rows(storage, rows, dim, out)
-        expected = np.where((rows >= 0)[:, None], storage[np.maximum(rows, 0), :dim], 0)
-        np.testing.assert_array_equal(out, expected)
-    out = np.full((0, 4), np.nan, dtype)
-    kk.gather_rows(storage, np.zeros(0, np.int32), 4, out)
 
 
 # --- randomised multi-batch runs -------------------------------------------------------------

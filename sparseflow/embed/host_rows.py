@@ -20,7 +20,7 @@ import numpy as np
 
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import init_kernels
-from sparseflow.ops.key_kernels import gather_rows
+from sparseflow.ops.batch_kernels import gather_rows
 from sparseflow.validation import INT32_MAX
 
 

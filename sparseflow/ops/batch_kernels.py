@@ -30,6 +30,27 @@ ROW_PREFETCH_AHEAD = 64
 
 
 @numba.njit(**_JIT)
+def gather_rows(storage, rows, dim, out):
+    """out[i] = storage[rows[i], :dim], or zeros where rows[i] < 0. The rows are cold (a
+    batch's tail in a table far larger than the caches): each row's weights are prefetched
+    :data:`ROW_PREFETCH_AHEAD` rows ahead."""
+    n = rows.shape[0]
+    for i in range(n):
+        if i + ROW_PREFETCH_AHEAD < n:
+            ahead = rows[i + ROW_PREFETCH_AHEAD]
+            if ahead >= 0:
+                prefetch_for_write(storage, (ahead, 0))
+                prefetch_for_write(storage, (ahead, dim - 1))
+        r = rows[i]
+        if r < 0:
+            for j in range(dim):
+                out[i, j] = 0.0
+        else:
+            for j in range(dim):
+                out[i, j] = storage[r, j]
+
+
+@numba.njit(**_JIT)
 def expand_tables(storages, flat, starts, ends, member_table, member_rows, member_restore,
                   dim, out):
     """``out`` = every member's embeddings, concatenated in member order: member m's keys
@@ -59,21 +80,8 @@ def expand_tables(storages, flat, starts, ends, member_table, member_rows, membe
     for m in range(n_members):
         w = member_rows[m]
         if w != gathered:
-            storage = storages[member_table[m]]
-            first, n_unique = starts[w], ends[w] - starts[w]
-            for i in range(n_unique):
-                if i + ROW_PREFETCH_AHEAD < n_unique:
-                    ahead = flat[first + i + ROW_PREFETCH_AHEAD]
-                    if ahead >= 0:
-                        prefetch_for_write(storage, (ahead, 0))
-                        prefetch_for_write(storage, (ahead, dim - 1))
-                r = flat[first + i]
-                if r < 0:
-                    for j in range(dim):
-                        unique[i, j] = 0.0
-                else:
-                    for j in range(dim):
-                        unique[i, j] = storage[r, j]
+            gather_rows(storages[member_table[m]], flat[starts[w]:ends[w]], dim,
+                        unique[:ends[w] - starts[w]])
             gathered = w
         r = member_restore[m]
         for i in range(starts[r], ends[r]):

@@ -11,7 +11,6 @@ import numpy as np
 
 from sparseflow.ops.hash_index import (COUNT_MAX, EMPTY, UNADMITTED, find_or_empty_slot,
                                        home_slot)
-from sparseflow.ops.batch_kernels import ROW_PREFETCH_AHEAD
 from sparseflow.ops.prefetch import prefetch_for_write
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
@@ -278,26 +277,6 @@ def mark_rows(marks, rows):
         r = rows[u]
         if r >= 0:
             marks[r] = True
-
-
-@numba.njit(**_JIT)
-def gather_rows(storage, rows, dim, out):
-    """out[i] = storage[rows[i], :dim], or zeros where rows[i] < 0 (prefetching as
-    ``batch_kernels.expand_tables`` does: the rows are cold)."""
-    n = rows.shape[0]
-    for i in range(n):
-        if i + ROW_PREFETCH_AHEAD < n:
-            ahead = rows[i + ROW_PREFETCH_AHEAD]
-            if ahead >= 0:
-                prefetch_for_write(storage, (ahead, 0))
-                prefetch_for_write(storage, (ahead, dim - 1))
-        r = rows[i]
-        if r < 0:
-            for j in range(dim):
-                out[i, j] = 0.0
-        else:
-            for j in range(dim):
-                out[i, j] = storage[r, j]
 
 
 @numba.njit(**_JIT)

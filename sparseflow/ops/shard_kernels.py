@@ -7,7 +7,7 @@ import numba
 import numpy as np
 
 from sparseflow.ops.hash_index import mix64
-from sparseflow.ops.key_kernels import gather_rows
+from sparseflow.ops.batch_kernels import gather_rows
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
