@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
+from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.ops import batch_kernels as bk
 from sparseflow.pipeline.graph_cache import graph_cache
@@ -503,9 +504,9 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         for (dim, members), (table_of, rows_of, restore_of) in zip(groups, layouts):
             out = np.empty((int(ends[restore_of].sum() - starts[restore_of].sum()), dim),
                            np.float32)
-            storages = tuple(table.rows.allocate() for table, _, _ in members)
-            bk.expand_tables(storages, flat, starts, ends, table_of, rows_of, restore_of, dim,
-                             out)
+            with pinned_storages([table.rows for table, _, _ in members]) as storages:
+                bk.expand_tables(storages, flat, starts, ends, table_of, rows_of, restore_of,
+                                 dim, out)
             for table, w, _ in members:
                 # The batch's rows are read. With an optimizer bound, evicted rows are freed
                 # only after its update has run (it calls drain).

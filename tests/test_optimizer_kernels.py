@@ -575,3 +575,9 @@ def test_adam_tables_row_past_capacity_changes_nothing():
         np.testing.assert_array_equal(s, b)
     with pytest.raises(ValueError, match="rows"):
         ok.apply_lazy_adam_tables(storages, rows[:1], grads, [1, 1], **ADAM_HP)
+    # int64 rows past int32 are refused, not wrapped onto a valid row.
+    wide = (np.array([1, 2], np.int64), np.array([3, 2**32 + 1], np.int64))
+    with pytest.raises(IndexError, match=f"table 1 contains row {2**32 + 1}"):
+        ok.apply_lazy_adam_tables(storages, wide, grads, [1, 1], **ADAM_HP)
+    for s, b in zip(storages, before):
+        np.testing.assert_array_equal(s, b)

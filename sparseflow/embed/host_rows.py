@@ -24,6 +24,17 @@ from sparseflow.ops.batch_kernels import gather_rows
 from sparseflow.validation import INT32_MAX
 
 
+@contextlib.contextmanager
+def pinned_storages(rows: list):
+    """Yields the storages of ``rows`` (``HostRows``), as a tuple, none of which growth
+    replaces until the block exits (:meth:`HostRows.pinned`; a fixed-capacity table takes no
+    lock). A kernel over several tables runs inside; take no key processor's lock inside
+    (growth takes a table's resize lock under its key processor's lock)."""
+    with contextlib.ExitStack() as stack:
+        yield tuple(stack.enter_context(r.pinned()) if r.block_rows is not None
+                    else r.allocate() for r in rows)
+
+
 class HostRows:
     """Row storage of one table.
 

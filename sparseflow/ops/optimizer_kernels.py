@@ -579,9 +579,12 @@ def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: li
              _Raw(f"{len(rows)} rows, {len(grads)} grads, {len(steps)} steps"))
     if not storages:
         return
-    for storage, r, g in zip(storages, rows, grads):
+    for t, (storage, r, g) in enumerate(zip(storages, rows, grads)):
         _check_rows_grads(r, g)
         _check_storage(storage, g.shape[1], 2, "lazy Adam")
+        if r.dtype != np.int32 and r.shape[0] and int(r.max()) >= storage.shape[0]:
+            # Checked before the rows become int32, which would wrap them.
+            _raise_past_capacity(t, int(r.max()), storage.shape[0])
     rows = tuple(np.ascontiguousarray(r, np.int32) for r in rows)
     grads = as_tuple(grads)
     b1, b2 = _f32(beta1), _f32(beta2)
@@ -591,10 +594,13 @@ def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: li
     bad = _adam_tables(storages, as_tuple(rows), grads, lr_t, b1, one - b1, b2, one - b2,
                        _f32(epsilon))
     if bad >= 0:
-        raise IndexError(
-            f"Argument `rows` of table {bad} contains row {int(rows[bad].max())}, but its "
-            f"storage has capacity {storages[bad].shape[0]} (valid rows are 0 to "
-            f"{storages[bad].shape[0] - 1}, negative means skip).")
+        _raise_past_capacity(bad, int(rows[bad].max()), storages[bad].shape[0])
+
+
+def _raise_past_capacity(table: int, row: int, capacity: int):
+    raise IndexError(
+        f"Argument `rows` of table {table} contains row {row}, but its storage has capacity "
+        f"{capacity} (valid rows are 0 to {capacity - 1}, negative means skip).")
 
 
 def apply_sgd(storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, *,

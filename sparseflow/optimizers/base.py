@@ -264,11 +264,14 @@ class SparseOptimizer:
             for table, r, g in zip(tables, rows, grads):
                 self.apply_at_rows(table, r, g)
             return
-        storages = tuple(table.rows.allocate() for table in tables)
+        from sparseflow.embed.host_rows import pinned_storages
+
         steps = [self.next_step(table.table_name) for table in tables]
-        self._update_tables(storages, tuple(rows),
-                            tuple(np.ascontiguousarray(g, np.float32) for g in grads), steps)
-        for table, r in zip(tables, rows):
+        with pinned_storages([table.rows for table in tables]) as storages:
+            self._update_tables(storages, tuple(rows),
+                                tuple(np.ascontiguousarray(g, np.float32) for g in grads),
+                                steps)
+        for table, r in zip(tables, rows):   # takes the key processors' locks: unpinned
             table.after_update(r)
 
     @property

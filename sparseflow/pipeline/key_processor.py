@@ -240,8 +240,8 @@ class KeyProcessor:
                     self.index.reserve(n_unique, None if max_keys < 0 else max_keys)
                     # An index at its largest size takes the keys past its load limit.
                     room = self.index.room if self.index.room > room else INT64_MAX
-                if n_new < 0:   # nothing changed
-                    self._raise_if_full(-1 - n_new)
+                if n_new < 0:   # the kernel found too few free rows; nothing changed
+                    raise self._full_error(-1 - n_new)
             self.index.size = int(self.state[kk.STATE_INDEX_SIZE])
             if not train and len(self.journal):
                 # Keys only batches read ahead admitted read as unknown, as from a
@@ -458,17 +458,21 @@ class KeyProcessor:
         return n_admit, undo
 
     def _raise_if_full(self, needed: int) -> None:
+        if needed > self.rows_free:
+            raise self._full_error(needed)
+
+    def _full_error(self, needed: int) -> TableFullError:
+        """The error of a batch that admits ``needed`` new keys into too few free rows."""
         available = self.rows_free
-        if needed > available:
-            limit = int(self.state[kk.STATE_ROW_LIMIT])
-            waiting = (f" ({self.rows_waiting} evicted rows wait for the batches in flight to be "
-                       f"consumed)" if self.rows_waiting else "")
-            raise TableFullError(
-                f"Table `{self.table_name}` is full: it holds {self.size} keys in {limit} rows "
-                f"and a batch admits {needed} new keys but only {available} rows are free"
-                f"{waiting}. "
-                f"Set `{self.size_hint}` to at least {limit - available + needed} (more to leave "
-                f"room for growth), raise `access_threshold`, or enable eviction.")
+        limit = int(self.state[kk.STATE_ROW_LIMIT])
+        waiting = (f" ({self.rows_waiting} evicted rows wait for the batches in flight to be "
+                   f"consumed)" if self.rows_waiting else "")
+        return TableFullError(
+            f"Table `{self.table_name}` is full: it holds {self.size} keys in {limit} rows "
+            f"and a batch admits {needed} new keys but only {available} rows are free"
+            f"{waiting}. "
+            f"Set `{self.size_hint}` to at least {limit - available + needed} (more to leave "
+            f"room for growth), raise `access_threshold`, or enable eviction.")
 
     # -- statistics ------------------------------------------------------------------------
 

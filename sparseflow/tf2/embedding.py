@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
+from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.ops import batch_kernels as bk
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
@@ -414,13 +415,13 @@ class Embedding(tf.Module):
         @tf.autograph.experimental.do_not_convert
         def gather(packed, sizes):
             starts, ends = self._bounds(sizes)
-            storages = tuple(table.rows.allocate() for table in tables)
             outs = []
-            for (dim, members), layout in zip(groups, self._gather_layouts):
-                out = np.empty((int(sum(sizes[n_tables + k] for k in members)), dim),
-                               np.float32)
-                bk.expand_tables(storages, packed, starts, ends, *layout, dim, out)
-                outs.append(out)
+            with pinned_storages([table.rows for table in tables]) as storages:
+                for (dim, members), layout in zip(groups, self._gather_layouts):
+                    out = np.empty((int(sum(sizes[n_tables + k] for k in members)), dim),
+                                   np.float32)
+                    bk.expand_tables(storages, packed, starts, ends, *layout, dim, out)
+                    outs.append(out)
             for t, table in enumerate(tables):
                 # Read. With training, evicted rows are freed after the update.
                 table.release_batch(int(sizes[n_tables + len(features) + t]),
