@@ -585,13 +585,13 @@ def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: li
         if r.dtype != np.int32 and r.shape[0] and int(r.max()) >= storage.shape[0]:
             # Checked before the rows become int32, which would wrap them.
             _raise_past_capacity(t, int(r.max()), storage.shape[0])
-    rows = tuple(np.ascontiguousarray(r, np.int32) for r in rows)
+    rows = as_tuple(np.asarray(r, np.int32) for r in rows)
     grads = as_tuple(grads)
     b1, b2 = _f32(beta1), _f32(beta2)
     one = _f32(1.0)
     lr_t = np.array([learning_rate * math.sqrt(1.0 - float(b2) ** step)
                      / (1.0 - float(b1) ** step) for step in steps], np.float32)
-    bad = _adam_tables(storages, as_tuple(rows), grads, lr_t, b1, one - b1, b2, one - b2,
+    bad = _adam_tables(storages, rows, grads, lr_t, b1, one - b1, b2, one - b2,
                        _f32(epsilon))
     if bad >= 0:
         _raise_past_capacity(bad, int(rows[bad].max()), storages[bad].shape[0])

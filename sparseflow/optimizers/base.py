@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow import runtime as _runtime
+from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.validation import check_one_of, fail
 
 # tf.compat.v1.train.Optimizer's gate_gradients values.
@@ -205,7 +206,6 @@ class SparseOptimizer:
         """TF updates of device tables, then one numpy function for their bookkeeping."""
         from sparseflow.lookup import is_batch_unique_rows
 
-
         updates, touched = [], []
         for grad, table in pairs:
             rows, values = grad.indices, grad.values
@@ -264,8 +264,6 @@ class SparseOptimizer:
             for table, r, g in zip(tables, rows, grads):
                 self.apply_at_rows(table, r, g)
             return
-        from sparseflow.embed.host_rows import pinned_storages
-
         steps = [self.next_step(table.table_name) for table in tables]
         with pinned_storages([table.rows for table in tables]) as storages:
             self._update_tables(storages, tuple(rows),
