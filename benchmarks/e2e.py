@@ -674,8 +674,9 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
                    "finish processing, which varies from run to run; (d)'s sequential map is "
                    "deterministic, so the targets are evaluated on (d). With access_threshold 1, "
                    "as here, the order changes only which row a key gets, never a value (a new "
-                   "row's initial values depend on the key alone): d_par's losses equal (d)'s, "
-                   "and YAML jobs (`sparseflow train`) map in parallel in exactly this case. "
+                   "row's initial values depend on the key alone): d_par's losses equal (d)'s; "
+                   "YAML jobs allow a parallel map in exactly this case "
+                   "(`data.parallel_map: true`) but map sequentially by default. "
                    "d_tf2 runs the TF2 API as TPUEmbedding's documentation runs its loop: the "
                    "iterator goes into the `tf.function` and a `tf.range` loop runs 10 steps per "
                    "call (a step's time is its call's over 10; its input wait is inside the call, "
@@ -689,7 +690,7 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
                    "(`e2e_variants.yaml_job_text`: the batches from a Parquet copy, read in "
                    "order, the same tables, timestamps, DLRM and optimizers): the job's own "
                    "graph (`sparseflow.jobs.graph.JobGraph`: its Parquet reader, its insert "
-                   "function's map, which is parallel with access_threshold 1), timed by the "
+                   "function's map, sequential by default), timed by the "
                    "same loop as (d)."),
               "", METHOD.strip()]
     if prof is not None:

@@ -21,7 +21,7 @@ from sparseflow.jobs import runner
 from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.export import export
 from sparseflow.jobs.progress import format_table
-from sparseflow.jobs.schema import load_config, parse_config
+from sparseflow.jobs.schema import ConfigError, load_config, parse_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
@@ -574,17 +574,22 @@ output: {{dir: {tmp_path / 'out'}}}
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_a_parallel_map_only_where_it_cannot_change_results(tmp_path):
+def test_a_parallel_map_only_when_asked_and_where_it_cannot_change_results(tmp_path):
     from sparseflow.jobs.graph import map_parallelism
 
     path = tiny_job(tmp_path, "dlrm")
-    assert map_parallelism(load_config(path)) == tf.data.AUTOTUNE      # threshold 1
+    assert map_parallelism(load_config(path)) is None          # sequential by default
+    assert map_parallelism(load_config(path, ["data.parallel_map=true"])) == tf.data.AUTOTUNE
+    with pytest.raises(ConfigError) as info:                   # a threshold above 1: refused
+        load_config(path, ["data.parallel_map=true", "tables.C3.access_threshold=2"])
+    message = str(info.value)
+    assert "data.parallel_map" in message and "table C3 has 2" in message
+    assert "access_threshold <= 1" in message
+    # Without the parallel map, a threshold above 1 is fine.
     assert map_parallelism(load_config(path, ["tables.C3.access_threshold=2"])) is None
 
 
-def test_parallel_map_job_trains_exactly_as_a_sequential_one(tmp_path, monkeypatch):
-    from sparseflow.jobs import graph
-
+def test_parallel_map_job_trains_exactly_as_a_sequential_one(tmp_path):
     def losses(out):
         return [line.split("loss ")[1] for line in out.getvalue().splitlines()
                 if line.startswith("step ") and "/16" in line]
@@ -592,9 +597,9 @@ def test_parallel_map_job_trains_exactly_as_a_sequential_one(tmp_path, monkeypat
     path = tiny_job(tmp_path, "dlrm", steps=16)
     parallel_out, sequential_out = io.StringIO(), io.StringIO()
     parallel = runner.train(
-        load_config(path, [f"output.dir={tmp_path / 'p'}", "schedule.log_every=2"]),
+        load_config(path, [f"output.dir={tmp_path / 'p'}", "schedule.log_every=2",
+                           "data.parallel_map=true"]),
         stream=parallel_out, tty=False)
-    monkeypatch.setattr(graph, "map_parallelism", lambda cfg: None)
     sequential = runner.train(
         load_config(path, [f"output.dir={tmp_path / 's'}", "schedule.log_every=2"]),
         stream=sequential_out, tty=False)

@@ -69,6 +69,7 @@ class DataConfig:
     csv: CsvOptions = CsvOptions()
     generator: GeneratorOptions = GeneratorOptions()
     movielens: MovielensOptions = MovielensOptions()
+    parallel_map: bool = False
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,7 @@ def _job(root: Node, file: str, default_name: str) -> JobConfig:
     data = _data(root["data"])
     columns, column_nodes = _columns(root["columns"], data)
     tables, table_nodes = _tables(root["tables"], columns)
+    _check_parallel_map(root["data"]["parallel_map"], data, tables)
     features = _features(root["features"], columns, tables, table_nodes, column_nodes)
     optimizer = root["optimizer"]
     mapping(optimizer, ("sparse", "dense"))
@@ -327,6 +329,20 @@ def _job(root: Node, file: str, default_name: str) -> JobConfig:
                      _distributed(root["distributed"]))
 
 
+def _check_parallel_map(n: Node, data: DataConfig, tables: dict) -> None:
+    """A parallel map admits keys in the order batches finish processing: allowed only where
+    that cannot change what trains (every table's access_threshold <= 1, README "Parallel
+    map")."""
+    if not data.parallel_map:
+        return
+    counted = sorted(name for name, t in tables.items() if t.access_threshold > 1)
+    if counted:
+        n.fail(f"true needs every table's access_threshold <= 1 (a key's admitting batch would "
+               f"follow processing order); table {counted[0]} has "
+               f"{tables[counted[0]].access_threshold}. Set it to false, or lower the "
+               f"threshold")
+
+
 def _distributed(n: Node) -> DistributedConfig:
     mapping(n, ("hash", "send_count", "timeout_seconds"), {})
     send_count = n["send_count"]
@@ -339,7 +355,8 @@ def _distributed(n: Node) -> DistributedConfig:
 
 
 def _data(n: Node) -> DataConfig:
-    mapping(n, ("source", "train", "eval", "shuffle_buffer", "csv", "generator", "movielens"))
+    mapping(n, ("source", "train", "eval", "shuffle_buffer", "csv", "generator", "movielens",
+                "parallel_map"))
     source = choice(n["source"], SOURCES)
     for block, sources in (("csv", ("csv", "criteo_tsv")), ("generator", ("generator",)),
                            ("movielens", ("movielens",))):
@@ -365,7 +382,7 @@ def _data(n: Node) -> DataConfig:
     movielens = MovielensOptions(string(m["cache_dir"], "~/.cache/sparseflow"),
                                  number(m["eval_fraction"], Range(0.0, 1.0, high_open=True), 0.1))
     return DataConfig(source, train, eval_, shuffle_buffer, _csv(n["csv"], source), generator,
-                      movielens)
+                      movielens, boolean(n["parallel_map"], False))
 
 
 def _csv(n: Node, source: str) -> CsvOptions:
@@ -655,6 +672,7 @@ def _to_dict(cfg: JobConfig) -> dict:
     if d.source in ("parquet", "csv", "criteo_tsv", "tfrecord"):
         data.update(train=list(d.train), eval=list(d.eval))
     data["shuffle_buffer"] = d.shuffle_buffer
+    data["parallel_map"] = d.parallel_map
     if d.source in ("csv", "criteo_tsv"):
         data["csv"] = {"delimiter": d.csv.delimiter, "header": d.csv.header}
     elif d.source in ("generator", "movielens"):
