@@ -344,6 +344,95 @@ def test_dedup_at_full_scratch_load_with_colliding_keys():
         check_tags(scratch, gen, uniq)
 
 
+def _batch_tables(rng, n_tables):
+    """(keys, seg_ends, seg_coefs, table_segs, per-table (keys, ends, coefs)) of a batch of
+    ``n_tables`` tables with 0-3 segments each (empty tables and segments included)."""
+    tables, all_keys, seg_ends, coefs, table_segs = [], [], [], [], []
+    at = 0
+    for t in range(n_tables):
+        parts = []
+        for _ in range(int(rng.integers(0, 4))):
+            n = int(rng.integers(0, 400))
+            pool = rng.integers(INT64_MIN, INT64_MAX, int(rng.integers(1, 300)), np.int64,
+                                endpoint=True)
+            parts.append((rng.choice(np.concatenate([pool, EXTREME_KEYS]), n),
+                          int(rng.integers(1, 4))))
+        keys, ends, c = segments(*parts) if parts else (np.zeros(0, np.int64),
+                                                       np.zeros(0, np.int64),
+                                                       np.zeros(0, np.int32))
+        tables.append((keys, ends, c))
+        all_keys.append(keys)
+        seg_ends.extend(at + ends)
+        coefs.extend(c)
+        at += keys.shape[0]
+        table_segs.append(len(seg_ends))
+    return (np.concatenate(all_keys), np.asarray(seg_ends, np.int64),
+            np.asarray(coefs, np.int32), np.asarray(table_segs, np.int64), tables)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dedup_batch_matches_np_unique_per_table(seed):
+    """One kernel call over every table gives each table what np.unique gives it alone."""
+    rng = np.random.default_rng(seed)
+    keys, seg_ends, coefs, table_segs, tables = _batch_tables(rng, int(rng.integers(1, 9)))
+    batch = kpmod.dedup_batch(keys, seg_ends, coefs, table_segs)
+    for t, (table_keys, ends, c) in enumerate(tables):
+        uniq, restore, weight, u = batch.table(t)
+        assert restore.shape[0] == table_keys.shape[0]
+        if table_keys.shape[0] == 0:
+            assert u == 0
+            continue
+        ref_uniq, ref_restore, ref_weight = np_dedup_reference(table_keys, ends, c)
+        assert u == ref_uniq.shape[0]
+        np.testing.assert_array_equal(uniq[:u], ref_uniq)
+        np.testing.assert_array_equal(restore, ref_restore)
+        np.testing.assert_array_equal(weight[:u], ref_weight)
+    # The batch's restore array is every table's restore vector in table order.
+    np.testing.assert_array_equal(
+        batch.restore, np.concatenate([batch.table(t)[1] for t in range(len(tables))]))
+
+
+def test_dedup_batch_stamps_one_generation_per_table_and_wraps():
+    """Each table stamps its own generation (a key in two tables is unique in each), and the
+    stamps wrap past 2^31 - 1 with the scratch cleared."""
+    keys, ends, coefs = segments(([3, 4, 3], 1), ([4, 3, 4, 5], 2), ([3], 1))
+    table_segs = np.array([1, 2, 3], np.int64)
+    scratch = kpmod._thread_scratch(8)
+    scratch.generation = 2**31 - 6
+    gens = []
+    for _ in range(3):
+        batch = kpmod.dedup_batch(keys, ends, coefs, table_segs)
+        gens.append(kpmod._thread_scratch(8).generation)
+        assert batch.n_unique.tolist() == [2, 3, 1]
+        assert batch.table(1)[0][:3].tolist() == [4, 3, 5]
+        assert batch.table(1)[2][:3].tolist() == [4, 2, 2]
+        assert batch.restore.tolist() == [0, 1, 0, 0, 1, 0, 2, 0]
+    assert gens == [2**31 - 3, 3, 6]   # the second batch's 3 stamps would pass 2^31 - 1
+
+
+def test_process_unique_of_a_batch_dedup_equals_process():
+    """Two processors fed by one batch dedup end as two fed by their own dedups."""
+    rng = np.random.default_rng(7)
+    pairs = [(make(threshold=2), make(threshold=2)), (make(threshold=None), make(threshold=None))]
+    for step in range(12):
+        keys, seg_ends, coefs, table_segs, tables = _batch_tables(rng, 2)
+        batch = kpmod.dedup_batch(keys, seg_ends, coefs, table_segs)
+        train = step % 4 > 0
+        for t, ((a, _, _), (b, _, _)) in enumerate(pairs):
+            table_keys, ends, c = tables[t]
+            if not ends.shape[0]:
+                ends, c = np.zeros(1, np.int64), np.ones(1, np.int32)
+            expected = a.process(table_keys, ends, c, train, 100 + step)
+            got = b.process_unique(*batch.table(t), train, 100 + step)
+            np.testing.assert_array_equal(got.rows, expected.rows)
+            np.testing.assert_array_equal(got.restore, expected.restore)
+            assert got.n_new == expected.n_new
+    for (a, _, _), (b, _, _) in pairs:
+        np.testing.assert_array_equal(b.last_seen, a.last_seen)
+        np.testing.assert_array_equal(b.index.keys[b.index.rows != EMPTY],
+                                      a.index.keys[a.index.rows != EMPTY])
+
+
 def test_key_processor_generation_wrap_keeps_dedup_exact():
     """After 2^31 - 1 generations the dedup scratch is cleared and stamps restart at 1: tags
     left by the first batch (generation 1) must not be taken for live slots afterwards.

@@ -33,7 +33,7 @@ import numpy as np
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
-from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_keys
+from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_batch, dedup_keys
 
 
 def _timed(stage: str):
@@ -194,20 +194,22 @@ class KeyRouter:
         counts = np.ascontiguousarray(counts, np.int32)
         starts = np.cumsum(counts, axis=1) - counts + (np.arange(n, dtype=np.int64) * m)[:, None]
         totals = counts.sum(axis=0)
-        segment_ends = np.arange(1, int(totals.max(initial=0)) + 1, dtype=np.int64)
-        tables = []
-        for t, table in enumerate(self.tables):
-            size = int(totals[t])
-            entries, keys = np.empty(size, np.int64), np.empty(size, np.int64)
-            weights = np.empty(size, np.int32)
+        # Each received entry is its own segment, its weight the occurrences it stands for:
+        # the key processor adds them up per key exactly as one worker would. Every table's
+        # entries go through one dedup kernel call.
+        ends = np.cumsum(totals, dtype=np.int64)
+        total = int(ends[-1]) if ends.shape[0] else 0
+        keys, weights = np.empty(total, np.int64), np.empty(total, np.int32)
+        entries = []
+        for t, (start, end) in enumerate(zip(ends - totals, ends)):
+            entries.append(np.empty(end - start, np.int64))
             shard_kernels.take_entries(flat, np.ascontiguousarray(starts[:, t]),
-                                       np.ascontiguousarray(counts[:, t]), entries, keys,
-                                       weights)
-            # Each received entry is its own segment, its weight the occurrences it stands
-            # for: the key processor adds them up per key exactly as one worker would.
-            result = table.processor.process(keys, segment_ends[:size], weights, train,
-                                             timestamp)
-            tables.append((entries, result))
+                                       np.ascontiguousarray(counts[:, t]), entries[t],
+                                       keys[start:end], weights[start:end])
+        batch = dedup_batch(keys, np.arange(1, total + 1, dtype=np.int64), weights, ends)
+        tables = [(entries[t], table.processor.process_unique(*batch.table(t), train,
+                                                              timestamp))
+                  for t, table in enumerate(self.tables)]
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))

@@ -102,6 +102,40 @@ def dedup(keys, seg_ends, seg_coefs, scratch_keys, scratch_tags, generation, uni
 
 
 @numba.njit(**_JIT)
+def dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch_keys, scratch_tags,
+                 generation, uniq, restore, weight, n_unique):
+    """:func:`dedup` of every table of a batch in one call: table ``t``'s keys are the
+    segments ``table_segs[t-1] .. table_segs[t]`` (0 for ``t`` = 0) of ``keys``.
+
+    One call instead of one per table: the scratch stays in the cache from one table to the
+    next (a table's row assignment, between two per-table calls, evicted it and doubled the
+    dedup's time), and the Python around 26 calls goes.
+
+    Args:
+      keys, seg_ends, seg_coefs: as :func:`dedup`, every table's segments in table order.
+      table_segs: int64[T], exclusive end of each table's segments in ``seg_ends``.
+      scratch_keys, scratch_tags: as :func:`dedup`, sized for the largest table's keys.
+      generation: table ``t`` stamps ``generation + t``; the caller reserves T stamps.
+      uniq, restore, weight: as :func:`dedup`, ``[N]``: a table whose keys are
+        ``keys[a:b]`` writes ``uniq[a:a + U]``, ``weight[a:a + U]`` and ``restore[a:b]``
+        (indices into its own unique keys).
+      n_unique: int64[T] out, each table's unique keys U.
+    """
+    seg_start = 0
+    key_start = 0
+    for t in range(table_segs.shape[0]):
+        seg_end = table_segs[t]
+        key_end = seg_ends[seg_end - 1] if seg_end > seg_start else key_start
+        local_ends = seg_ends[seg_start:seg_end] - key_start
+        n_unique[t] = dedup(keys[key_start:key_end], local_ends, seg_coefs[seg_start:seg_end],
+                            scratch_keys, scratch_tags, generation + t,
+                            uniq[key_start:key_end], restore[key_start:key_end],
+                            weight[key_start:key_end])
+        seg_start = seg_end
+        key_start = key_end
+
+
+@numba.njit(**_JIT)
 def _admits(count, threshold):
     return threshold < 0 or count >= threshold
 

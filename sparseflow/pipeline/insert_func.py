@@ -27,6 +27,7 @@ from sparseflow import runtime as _runtime
 from sparseflow.featurespec.grouping import group_specs_by_table
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.graph_cache import graph_cache
+from sparseflow.pipeline.key_processor import dedup_batch
 from sparseflow.validation import check_bool
 
 _RESERVED = "__sparseflow__/"
@@ -232,8 +233,10 @@ def _make_process(rt, plan: InsertPlan):
     is_training = plan.is_training
     has_timestamp = plan.timestamp is not None and is_training
     static = not rt.config.use_dynamic
-    groups = [(name, specs, np.asarray([s.faae_coefficient for s in specs], np.int32))
-              for name, specs in plan.tables.items()]
+    groups = [(name, specs) for name, specs in plan.tables.items()]
+    n_specs = sum(len(specs) for _, specs in groups)
+    seg_coefs = np.asarray([s.faae_coefficient for _, specs in groups for s in specs], np.int32)
+    table_segs = np.cumsum([len(specs) for _, specs in groups], dtype=np.int64)
 
     # Without this, autograph converts the function when dataset.map traces the insert
     # function, and every Python call inside it then runs through autograph's converted_call:
@@ -244,35 +247,33 @@ def _make_process(rt, plan: InsertPlan):
             raise RuntimeError("The sparseflow pipeline is not started: call "
                                "start_asc_pipeline() before running the dataset.")
         timestamp = int(arrays[-1]) if has_timestamp else None
-        jobs = []
-        i = 0
-        for table_name, specs, coefs in groups:
+        tables = []
+        for table_name, _ in groups:
             table = rt.tables.get(table_name)
             if table is None:
                 raise ValueError(f"FeatureSpec table_name {table_name!r} names no table. "
                                  f"Tables: {sorted(rt.tables)}")
-            parts = [np.asarray(a).reshape(-1) for a in arrays[i:i + len(specs)]]
-            i += len(specs)
-            sizes = np.fromiter((p.shape[0] for p in parts), np.int64, len(parts))
-            keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            tables.append(table)
+        keys = [np.asarray(a).reshape(-1) for a in arrays[:n_specs]]
+        lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_specs)
+        # One dedup kernel for every table (the specs' keys are in table order), then each
+        # table's row assignment. Sequential on purpose: spreading tables over threads made
+        # each job wait for the GIL between its (GIL-free) kernels, which was 5x slower
+        # (BENCHMARKS.md).
+        batch = dedup_batch(keys[0] if n_specs == 1 else np.concatenate(keys),
+                            np.cumsum(lengths), seg_coefs, table_segs)
+        results = []
+        for t, (table, (_, specs)) in enumerate(zip(tables, groups)):
             pad_to = None
             if static:
                 pad_to = sum(table.send_counts.get(s.unique_name, 0) for s in specs)
-            jobs.append((table.processor, keys, np.cumsum(sizes), coefs, pad_to))
-
-        # Sequential on purpose: spreading tables over threads made each job wait for the GIL
-        # between its (GIL-free) kernels, which was 5x slower (BENCHMARKS.md).
-        results = [processor.process(keys, seg_ends, coefs, is_training, timestamp, pad_to)
-                   for processor, keys, seg_ends, coefs, pad_to in jobs]
-        parts = [result.rows for result in results]
-        for (_, specs, _), (_, _, seg_ends, _, _), result in zip(groups, jobs, results):
-            if len(specs) == 1:
-                parts.append(result.restore)
-            else:
-                parts.extend(np.split(result.restore, seg_ends[:-1]))
-        sizes = np.fromiter([p.shape[0] for p in parts] + [r.seq for r in results], np.int64,
-                            len(parts) + len(results))
-        return np.concatenate(parts), sizes
+            results.append(table.processor.process_unique(*batch.table(t), is_training,
+                                                          timestamp, pad_to))
+        # Every spec's restore vector, in spec order, is the batch's one restore array.
+        rows = [result.rows for result in results]
+        sizes = np.fromiter([r.shape[0] for r in rows] + list(lengths) + [r.seq for r in results],
+                            np.int64, len(rows) + n_specs + len(results))
+        return np.concatenate(rows + [batch.restore]), sizes
 
     return process
 

@@ -65,12 +65,14 @@ class _Scratch(threading.local):
         self.tags = np.zeros(0, np.int64)
         self.generation = 0
 
-    def next_generation(self) -> int:
-        self.generation += 1
-        if self.generation >= 2**31:  # stamps wrap: clear once every 2^31 calls
+    def next_generation(self, count: int = 1) -> int:
+        """The first of ``count`` fresh stamps (the next ``count`` values from it)."""
+        if self.generation + count >= 2**31:  # stamps wrap: clear once every 2^31 calls
             self.tags[:] = 0
-            self.generation = 1
-        return self.generation
+            self.generation = 0
+        first = self.generation + 1
+        self.generation += count
+        return first
 
 
 _SCRATCH = _Scratch()
@@ -107,6 +109,60 @@ def dedup_keys(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray):
     n_unique = kk.dedup(keys, seg_ends, seg_coefs, scratch.keys, scratch.tags,
                         scratch.next_generation(), uniq, restore, weight)
     return uniq, restore, weight, n_unique
+
+
+@dataclass
+class BatchKeys:
+    """Every table's keys of one batch deduplicated by one kernel call (:func:`dedup_batch`).
+
+    Table ``t``'s keys are ``keys[starts[t]:ends[t]]``; its unique keys and their weighted
+    counts ``uniq`` / ``weight[starts[t]:starts[t] + n_unique[t]]``; ``restore[starts[t]:
+    ends[t]]`` indexes them. ``restore`` is every table's restore vector, concatenated in
+    table order.
+    """
+
+    uniq: np.ndarray       # int64[N]
+    restore: np.ndarray    # int32[N]
+    weight: np.ndarray     # int64[N]
+    n_unique: np.ndarray   # int64[T]
+    starts: np.ndarray     # int64[T]
+    ends: np.ndarray       # int64[T]
+
+    def table(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Table ``t``'s ``(uniq, restore, weight, U)``, views, as :func:`dedup_keys` gives."""
+        a, b = int(self.starts[t]), int(self.ends[t])
+        return self.uniq[a:b], self.restore[a:b], self.weight[a:b], int(self.n_unique[t])
+
+
+def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
+                table_segs: np.ndarray) -> BatchKeys:
+    """Every table's keys of a batch deduplicated in one kernel call.
+
+    Args:
+      keys: int64 ``[N]``, every table's segments concatenated, in table order.
+      seg_ends: int64 ``[S]``, exclusive end of each segment in ``keys``.
+      seg_coefs: int32 ``[S]``, each segment's count per occurrence.
+      table_segs: int64 ``[T]``, exclusive end of each table's segments in ``seg_ends``.
+
+    Returns:
+      A :class:`BatchKeys`.
+    """
+    keys = np.ascontiguousarray(keys, np.int64)
+    n = keys.shape[0]
+    table_ends = np.zeros(table_segs.shape[0], np.int64)
+    bounded = table_segs > 0
+    table_ends[bounded] = seg_ends[table_segs[bounded] - 1]
+    starts = np.concatenate(([0], table_ends[:-1])) if table_ends.shape[0] else table_ends
+    longest = int((table_ends - starts).max()) if table_ends.shape[0] else 0
+    restore = np.empty(n, np.int32)
+    uniq = np.empty(n, np.int64)
+    weight = np.empty(n, np.int64)
+    n_unique = np.zeros(table_segs.shape[0], np.int64)
+    scratch = _thread_scratch(longest)
+    kk.dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch.keys, scratch.tags,
+                    scratch.next_generation(table_segs.shape[0]), uniq, restore, weight,
+                    n_unique)
+    return BatchKeys(uniq, restore, weight, n_unique, starts, table_ends)
 
 
 class KeyProcessor:
@@ -193,7 +249,25 @@ class KeyProcessor:
         """
         # Dedup reads only the batch and this thread's scratch: outside the table lock, so that
         # batches in flight under a parallel map overlap it.
-        uniq, restore, weight, n_unique = dedup_keys(keys, seg_ends, seg_coefs)
+        return self.process_unique(*dedup_keys(keys, seg_ends, seg_coefs), train, timestamp,
+                                   pad_to)
+
+    def process_unique(self, uniq: np.ndarray, restore: np.ndarray, weight: np.ndarray,
+                       n_unique: int, train: bool, timestamp: int | None = None,
+                       pad_to: int | None = None) -> BatchResult:
+        """:meth:`process` of a batch already deduplicated (:func:`dedup_keys`, or one
+        table of :func:`dedup_batch`).
+
+        Args:
+          uniq, restore, weight, n_unique: as :func:`dedup_keys` returns them.
+          train, timestamp, pad_to: as :meth:`process`.
+
+        Returns:
+          A :class:`BatchResult` (its ``restore`` is ``restore``).
+
+        Raises:
+          As :meth:`process`.
+        """
         out_len = n_unique if pad_to is None else pad_to
         if n_unique > out_len:
             raise SendCountOverflowError(

@@ -32,6 +32,7 @@ from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.ops import batch_kernels as bk
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
+from sparseflow.pipeline.key_processor import dedup_batch
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
 from sparseflow.tf2.config import FeatureConfig, TableConfig
@@ -222,25 +223,27 @@ class Embedding(tf.Module):
                     out[f"n_segments/{f.name}"] = n_segments
             return out
 
+        # Features in table order, for one dedup over every table.
+        order = [k for t in range(n_tables) for k in self._by_table[t]]
+        table_segs = np.cumsum([len(self._by_table[t]) for t in range(n_tables)],
+                               dtype=np.int64)
+        ones = np.ones(n_features, np.int32)
+
         @tf.autograph.experimental.do_not_convert
         def process(ts, *ids):
             stamp = None if timestamp is None else int(ts)
-            rows_out, seqs, restores = [], [], [None] * n_features
-            for t, table in enumerate(self._tables):
-                members = self._by_table[t]
-                keys = [ids[k] for k in members]
-                lengths = np.fromiter((k.shape[0] for k in keys), np.int64, len(keys))
-                ends = np.cumsum(lengths)
-                result = table.processor.process(
-                    keys[0] if len(keys) == 1 else np.concatenate(keys), ends,
-                    np.ones(len(members), np.int32), bool(training), stamp)
-                rows_out.append(result.rows)
-                seqs.append(result.seq)
-                for k, start, end in zip(members, ends - lengths, ends):
-                    restores[k] = result.restore[start:end]
-            parts = rows_out + restores
-            sizes = np.fromiter([p.shape[0] for p in parts] + seqs, np.int64,
-                                len(parts) + n_tables)
+            keys = [ids[k] for k in order]
+            lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_features)
+            ends = np.cumsum(lengths)
+            batch = dedup_batch(np.concatenate(keys), ends, ones, table_segs)
+            results = [table.processor.process_unique(*batch.table(t), bool(training), stamp)
+                       for t, table in enumerate(self._tables)]
+            restores = [None] * n_features
+            for k, start, end in zip(order, ends - lengths, ends):
+                restores[k] = batch.restore[start:end]
+            parts = [result.rows for result in results] + restores
+            sizes = np.fromiter([p.shape[0] for p in parts] + [r.seq for r in results],
+                                np.int64, len(parts) + n_tables)
             return np.concatenate(parts).astype(np.int32, copy=False), sizes
 
         # One int32 tensor of every table's unique rows then every feature's restore vector,
