@@ -274,6 +274,13 @@ def assign_batch(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train, 
                         threshold, free_rows, state, out_rows, new_positions)
     if last_seen_before.shape[0] >= n_unique:
         for u in range(n_unique):
+            # The per-row arrays are as large as the table: fetch a later key's entries now
+            # (this is their first touch in the batch; after_assign finds them cached).
+            if u + SLOT_PREFETCH_AHEAD < n_unique:
+                ahead = out_rows[u + SLOT_PREFETCH_AHEAD]
+                if ahead >= 0:
+                    prefetch_for_write(last_seen, ahead)
+                    prefetch_for_write(dirty, ahead)
             r = out_rows[u]
             last_seen_before[u] = last_seen[r if r >= 0 else 0]
     if train:
