@@ -328,7 +328,7 @@ def _inside(prof):
 
 
 def render_profile(prof) -> str:
-    from e2e_profile import (CATEGORIES, EXPAND, HOST_GATHER, NUMPY_FUNCTIONS, PROCESS, SUM,
+    from e2e_profile import (CATEGORIES, DEDUP, EXPAND, HOST_GATHER, NUMPY_FUNCTIONS, PROCESS, SUM,
                              UPDATE)
 
     cats = {v: prof[f"{v}_cats"] for v in ("a", "c", "d")}
@@ -385,6 +385,7 @@ def render_profile(prof) -> str:
         lines.append(f"| `HostRows.gather` (the per-table path; unexpected here) | "
                      f"{hg['calls']:g} | {hg['items']:,.0f} rows | {hg['ms']:.2f} |")
     kp = prof["kernels"][PROCESS]
+    dd = prof["kernels"][DEDUP]
     src_w, src_c = prof["source_ms"], prof["source_cpu_ms"]
     lines += [
         "",
@@ -401,9 +402,10 @@ def render_profile(prof) -> str:
         lines.append(f"| {label} | {w:.2f} | {c:.2f} | {w - src_w:+.2f} | {c - src_c:+.2f} |")
     lines += [
         "",
-        (f"During (d)'s traced steps the tables' `KeyProcessor.process` took {kp['ms']:.2f} ms "
-         f"per batch ({kp['calls']:g} calls, {kp['items']:,.0f} keys), wall time in the "
-         "tf.data thread."),
+        (f"During (d)'s traced steps the batch's one dedup call (`dedup_batch`) took "
+         f"{dd['ms']:.2f} ms per batch and the tables' `KeyProcessor.process_unique` "
+         f"{kp['ms']:.2f} ms ({kp['calls']:g} calls, {kp['items']:,.0f} keys), wall time in "
+         "the tf.data thread."),
         "",
         "Untraced steps, interleaved in the same rounds (ms per step, median over rounds):",
         "",
@@ -444,6 +446,7 @@ def _top(prof, *cats) -> str:
 def render_findings(prof, summary, cap) -> str:
     """Where (d)'s extra time over (a) goes, with this run's numbers only."""
     from e2e_profile import (
+        DEDUP,
         DENSE_ADAM,
         DRAIN,
         EXPAND,
@@ -469,7 +472,7 @@ def render_findings(prof, summary, cap) -> str:
     key_cpu = prof["pipeline_cpu_ms"] - prof["source_cpu_ms"]
     key_cpu_par = prof["pipeline_parallel_cpu_ms"] - prof["source_cpu_ms"]
     key_wall = prof["pipeline_ms"] - prof["source_ms"]
-    kp = k[PROCESS]["ms"]
+    kp = k[PROCESS]["ms"] + k[DEDUP]["ms"]
     py_nodes = sum(d_c.get(c, 0.0) for c in NUMPY_FUNCTIONS)
     n_py = sum(prof["d_nodes"].get(c, 0.0) for c in NUMPY_FUNCTIONS)
     kern = k[EXPAND]["ms"] + k[SUM]["ms"] + k[UPDATE]["ms"]
@@ -515,8 +518,9 @@ def render_findings(prof, summary, cap) -> str:
         (kp_head
          + f"The pipeline alone costs {key_cpu:.1f} ms of CPU per batch over the source "
          f"({key_wall:+.1f} ms wall) with the sequential map, {key_cpu_par:.1f} ms CPU with a "
-         f"parallel map; during (d)'s traced steps the {k[PROCESS]['calls']:g} "
-         f"`KeyProcessor.process` calls took {kp:.1f} ms per batch in the tf.data thread, "
+         f"parallel map; during (d)'s traced steps the batch's dedup and its "
+         f"{k[PROCESS]['calls']:g} `KeyProcessor.process_unique` calls took {kp:.1f} ms per "
+         "batch in the tf.data thread, "
          f"running alongside the step. With a parallel map (d) ran {par:.1f} ms/step "
          f"({100 * par_change:+.0f}%{main_par}); input wait (d) {_pct(prof.get('d_wait'))}, "
          f"parallel map {_pct(prof.get('d_parallel_wait'))}."),
@@ -556,7 +560,8 @@ def render_findings(prof, summary, cap) -> str:
         (contention, "wall", (
          f"key processing competing with the step: {key_cpu:.1f} ms CPU per batch next to a "
          f"{pre:.1f} ms step on {cpus} cores. Less CPU per batch in `sparseflow/pipeline` "
-         f"(`KeyProcessor.process`, {kp:.1f} ms per batch over {n_tables} tables) gains up to "
+         f"(`dedup_batch` and `KeyProcessor.process_unique`, {kp:.1f} ms per batch over "
+         f"{n_tables} tables) gains up to "
          f"this much. The parallel map ran {par:.1f} against {d:.1f} ms/step here "
          f"({100 * par_change:+.0f}%{main_par}) and makes admission order follow processing "
          "order.")),

@@ -11,7 +11,7 @@ Measurements, all in one process, interleaved over rounds (medians over rounds):
    ``sparseflow.lookup`` calls through its ``bk`` module (``expand_tables`` in the gather,
    ``sum_tables`` in its gradient, one call per step each), the sparse optimizer's
    ``_update_tables`` (the lazy Adam kernel over every table) and the tables'
-   ``KeyProcessor.process`` / ``release`` / ``updated`` are wrapped
+   the batch's ``dedup_batch``, ``KeyProcessor.process_unique`` / ``release`` / ``updated`` are wrapped
    with timers, in this process only and only for that run (nothing in sparseflow/ is
    changed): what a numpy function's node costs beyond its kernels is the numpy_function
    call, argument conversion, the Python around the kernels and any wait for the GIL or a
@@ -40,6 +40,7 @@ import e2e_variants as ev
 import tensorflow as tf
 
 import sparseflow.lookup as sf_lookup
+import sparseflow.pipeline.insert_func as sf_insert
 from sparseflow.embed.host_rows import HostRows
 
 # -- timers ---------------------------------------------------------------------------------
@@ -88,9 +89,10 @@ SUM = "bk.sum_tables"              # in sparseflow_gather_grad: one call per ste
 UPDATE = "optimizer _update_tables"  # in sparseflow_update: the lazy Adam kernel, all tables
 RELEASE = "KeyProcessor.release"   # in sparseflow_gather
 DRAIN = "KeyProcessor.updated"     # in sparseflow_update: marks, frees evicted rows
-PROCESS = "KeyProcessor.process"   # in the tf.data thread (sparseflow_keys)
+PROCESS = "KeyProcessor.process_unique"   # in the tf.data thread (sparseflow_keys)
+DEDUP = "dedup_batch"              # the batch's one dedup, before the tables' process_unique
 HOST_GATHER = "HostRows.gather"    # the per-table path; expected unused here
-WRAPPED = (EXPAND, SUM, UPDATE, RELEASE, DRAIN, PROCESS, HOST_GATHER)
+WRAPPED = (EXPAND, SUM, UPDATE, RELEASE, DRAIN, PROCESS, DEDUP, HOST_GATHER)
 
 
 def _expand_items(a):
@@ -121,12 +123,18 @@ def instrumented_sparseflow(timers):
 
     def build(data, cap, **kw):
         built = ev.build_sparseflow(data, cap, **kw)
+        if not getattr(sf_insert.dedup_batch, "timed", False):
+            patched.append((sf_insert, "dedup_batch", sf_insert.dedup_batch))
+            sf_insert.dedup_batch = _timed(sf_insert.dedup_batch, timers, DEDUP,
+                                           lambda a: (len(a[0]), 0))
+            sf_insert.dedup_batch.timed = True
         if not isinstance(sf_lookup.bk, _KernelProxy):
             patched.append((sf_lookup, "bk", sf_lookup.bk))
             sf_lookup.bk = _KernelProxy(sf_lookup.bk, timers)
         for table in built.tables:
             p = table.processor
-            p.process = _timed(p.process, timers, PROCESS, lambda a: (len(a[0]), 0))
+            p.process_unique = _timed(p.process_unique, timers, PROCESS,
+                                      lambda a: (len(a[1]), 0))
             p.release = _timed(p.release, timers, RELEASE)
             p.updated = _timed(p.updated, timers, DRAIN)
         opt = built.sparse_opt
@@ -342,7 +350,8 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
         # warm-up; with a hook, run_graph evaluates no final loss). Key processing runs ahead
         # in the tf.data thread: per batch = per n_tables calls.
         for label in WRAPPED:
-            per = (timers.calls[label] / n_tables if label == PROCESS else steps) or 1
+            batches = timers.calls[PROCESS] / n_tables
+            per = (batches if label in (PROCESS, DEDUP) else steps) or 1
             kern[label]["ms"].append(timers.total[label] / per * 1e3)
             kern[label]["calls"].append(timers.calls[label] / per)
             kern[label]["items"].append(timers.items[label] / per)
