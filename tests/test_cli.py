@@ -586,7 +586,15 @@ def test_a_parallel_map_only_when_asked_and_where_it_cannot_change_results(tmp_p
     assert "data.parallel_map" in message and "table C3 has 2" in message
     assert "access_threshold <= 1" in message
     # Without the parallel map, a threshold above 1 is fine.
-    assert map_parallelism(load_config(path, ["tables.C3.access_threshold=2"])) is None
+    counted = load_config(path, ["tables.C3.access_threshold=2"])
+    assert map_parallelism(counted) is None
+    # A config built in code that skips the schema's check is refused all the same.
+    import dataclasses
+    forced = dataclasses.replace(counted, data=dataclasses.replace(counted.data,
+                                                                   parallel_map=True))
+    with pytest.raises(ValueError, match="parallel_map=True needs every table's "
+                                         "access_threshold <= 1.*table C3 has 2"):
+        map_parallelism(forced)
 
 
 def test_parallel_map_job_trains_exactly_as_a_sequential_one(tmp_path):

@@ -398,6 +398,7 @@ def test_dedup_batch_stamps_one_generation_per_table_and_wraps():
     keys, ends, coefs = segments(([3, 4, 3], 1), ([4, 3, 4, 5], 2), ([3], 1))
     table_segs = np.array([1, 2, 3], np.int64)
     scratch = kpmod._thread_scratch(8)
+    scratch.tags[:] = 0   # no tag of an earlier test may read as live at the stamps set here
     scratch.generation = 2**31 - 6
     gens = []
     for _ in range(3):

@@ -304,10 +304,21 @@ def map_parallelism(cfg: JobConfig):
     Sequential by default because a batch's key processing (~5 ms for 26 tables of 4096 keys)
     is far shorter than its step: the map keeps up alone, and a parallel map spends more CPU
     beside the step (7.2 against 5.9 ms per batch) on cores the step needs. On 2 cores the
-    Criteo-shaped job trained 5-8% slower with it (BENCHMARKS.md, end-to-end). It pays only
-    where key processing, not the model, bounds the step.
+    Criteo-shaped e2e YAML job ran at 0.92x of the Session path with it and 0.99-1.05x
+    without (docs/design-notes.md). It pays only where key processing, not the model, bounds
+    the step.
+
+    Raises:
+      ValueError: ``data.parallel_map`` with a table whose ``access_threshold`` is > 1.
     """
-    return tf.data.AUTOTUNE if cfg.data.parallel_map else None
+    if not cfg.data.parallel_map:
+        return None
+    counted = [t for t in cfg.tables if t.access_threshold > 1]
+    if counted:   # the schema refuses this; a config built in code must not slip past
+        raise ValueError(f"data.parallel_map=True needs every table's access_threshold <= 1 "
+                         f"(a key's admitting batch would follow processing order); table "
+                         f"{counted[0].name} has {counted[0].access_threshold}")
+    return tf.data.AUTOTUNE
 
 
 def _sparse_optimizer(cfg: JobConfig):

@@ -1,7 +1,8 @@
 """Per-batch key kernels: dedup with restore, admission counting and key → row assignment.
 
-Pure functions over numpy arrays (see ``hash_index`` for the index layout). The key processor
-calls :func:`dedup` then :func:`assign_rows` once per table per batch.
+Pure functions over numpy arrays (see ``hash_index`` for the index layout). A batch's keys are
+deduplicated by one :func:`dedup_tables` call over every table; each table's key processor
+then calls :func:`assign_batch` (room check, :func:`assign_rows`, marks) once per batch.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def dedup(keys, seg_ends, seg_coefs, scratch_keys, scratch_tags, generation, uni
       seg_coefs: int32[S], the count each occurrence in that segment adds (faae_coefficient).
       scratch_keys, scratch_tags: int64[P] with P a power of two >= 2N. A slot is in use for
         this call iff ``scratch_tags[s] >> 32 == generation``; its low 32 bits hold the unique
-        position. Stamping with a fresh ``generation`` per call (1 .. 2^31-1) replaces clearing.
+        position. Stamping with a fresh ``generation`` per call (per table under
+        :func:`dedup_tables`; 1 .. 2^31-1) replaces clearing.
       generation: this call's stamp; the caller zeroes the tags before reusing a stamp.
       uniq: int64[N] out, unique keys in its first U entries.
       restore: int32[N] out, ``keys[i] == uniq[restore[i]]``.
@@ -272,7 +274,8 @@ def assign_batch(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train, 
             return NEEDS_INDEX_ROOM
     n_new = assign_rows(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train,
                         threshold, free_rows, state, out_rows, new_positions)
-    if last_seen_before.shape[0] >= n_unique:
+    record = last_seen_before.shape[0] >= n_unique
+    if record or train:
         for u in range(n_unique):
             # The per-row arrays are as large as the table: fetch a later key's entries now
             # (this is their first touch in the batch; after_assign finds them cached).
@@ -281,8 +284,9 @@ def assign_batch(idx_keys, idx_rows, idx_counts, uniq, weight, n_unique, train, 
                 if ahead >= 0:
                     prefetch_for_write(last_seen, ahead)
                     prefetch_for_write(dirty, ahead)
-            r = out_rows[u]
-            last_seen_before[u] = last_seen[r if r >= 0 else 0]
+            if record:
+                r = out_rows[u]
+                last_seen_before[u] = last_seen[r if r >= 0 else 0]
     if train:
         after_assign(out_rows, new_positions, n_unique, n_new, last_seen, timestamp,
                      has_timestamp, dirty)

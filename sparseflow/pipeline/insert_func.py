@@ -1,9 +1,9 @@
 """``get_asc_insert_func``: the ``dataset.map`` function that turns keys into rows.
 
-One ``tf.numpy_function`` call per batch takes the raw key tensors of every feature spec; for
-each table, the keys of the specs that use it are flattened, concatenated and handed to the
-table's key processor in one call, which returns the row of each unique key and the restore
-vector. Everything comes back as one int32 array — every table's rows, then every spec's
+One ``tf.numpy_function`` call per batch takes the raw key tensors of every feature spec; every
+spec's keys are flattened and concatenated in table order, deduplicated per table by one kernel
+call (``key_processor.dedup_batch``), and each table's unique keys handed to its key processor
+in one call, which returns the row of each unique key. Everything comes back as one int32 array — every table's rows, then every spec's
 restore vector — with the sizes of its parts; the map function adds the two to the batch dict,
 and the model slices out what it uses:
 

@@ -1,8 +1,10 @@
 """The key processor: one per table, it owns key → row.
 
-Called from the ``tf.data`` pipeline (through ``tf.numpy_function``) once per table per batch.
-It deduplicates the batch's keys, counts them for admission, refreshes timestamps and maps keys
-to rows, allocating and initialising rows for newly admitted keys. A lock serialises calls for
+Called from the ``tf.data`` pipeline (through ``tf.numpy_function``) once per table per batch,
+after one :func:`dedup_batch` call has deduplicated every table's keys of the batch
+(:meth:`KeyProcessor.process_unique`; :meth:`KeyProcessor.process` dedups one table itself).
+It counts keys for admission, refreshes timestamps and maps keys to rows, allocating and
+initialising rows for newly admitted keys. A lock serialises calls for
 one table (``num_parallel_calls`` may run several batches at once); the numba kernels release
 the GIL so that other tables and TensorFlow proceed meanwhile.
 """
@@ -67,7 +69,7 @@ class _Scratch(threading.local):
 
     def next_generation(self, count: int = 1) -> int:
         """The first of ``count`` fresh stamps (the next ``count`` values from it)."""
-        if self.generation + count >= 2**31:  # stamps wrap: clear once every 2^31 calls
+        if self.generation + count >= 2**31:  # stamps wrap: clear once every 2^31 stamps
             self.tags[:] = 0
             self.generation = 0
         first = self.generation + 1
