@@ -170,6 +170,15 @@ def test_graph_modification_on_two_ranks_trains_what_feature_specs_train_on_one(
             np.testing.assert_allclose(ours[name], value, rtol=0, atol=1e-5, err_msg=name)
 
 
+def test_collective_steps_start_no_thread_per_collective(one_and_two_ranks):
+    """A timeout on each collective op made TensorFlow start a thread per op run that slept
+    out the timeout (300 s): ~15 threads a step, 8,000 after 40 s of a 2-rank job, enough to
+    exhaust a machine's pids (32,768 here) within minutes. The timeout is the step's now."""
+    for shard in one_and_two_ranks[1]:
+        after_second, at_end = (int(n) for n in shard["threads"])
+        assert at_end - after_second < STEPS - 2, shard["threads"]
+
+
 def test_each_rank_writes_its_shard_and_names_every_shard(one_and_two_ranks):
     import json
 

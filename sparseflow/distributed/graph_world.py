@@ -143,7 +143,11 @@ class GraphWorld:
         graph = graph or tf.compat.v1.get_default_graph()
         cache = graph_cache(graph, "graph_exchange")
         if "exchange" not in cache:
-            cache["exchange"] = GraphExchange(self.size, self.timeout_seconds, graph)
+            # No timeout on the ops: TensorFlow starts a thread per collective run that has
+            # one, which sleeps out the timeout (15 threads a step lived 300 s: a 2-rank job
+            # held 8,000 threads after 40 s and would exhaust the machine's pids). A
+            # collective step's Session.run carries the timeout instead (bind_sessions).
+            cache["exchange"] = GraphExchange(self.size, 0.0, graph)
         return cache["exchange"]
 
 
@@ -288,7 +292,8 @@ def _bind_sessions(world: GraphWorld) -> None:
         bound = _WORLD
         keyed = False
         if bound is not None:
-            options, keyed = _STEP_KEYS.run_options(self.graph, fetches, options)
+            options, keyed = _STEP_KEYS.run_options(self.graph, fetches, options,
+                                                    bound.timeout_seconds)
         try:
             return original_run(self, fetches, feed_dict, options, run_metadata)
         except tf.errors.OpError as err:
@@ -296,7 +301,10 @@ def _bind_sessions(world: GraphWorld) -> None:
                 _STEP_KEYS.failed()
             # A peer's collective timing out, the channel to it failing, or this rank's
             # collective executor aborted after another collective failed.
-            if bound is None or not isinstance(err, _PEER_ERRORS) or not _from_collective(err):
+            # A collective step past its deadline (its run's timeout) waited for a peer.
+            timed_out = keyed and isinstance(err, tf.errors.DeadlineExceededError)
+            if bound is None or not isinstance(err, _PEER_ERRORS) or not (
+                    timed_out or _from_collective(err)):
                 raise
             raise rank_lost_error(err, bound) from err
 

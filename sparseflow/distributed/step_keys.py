@@ -63,10 +63,13 @@ class StepKeys:
             if left > 0:
                 time.sleep(left)
 
-    def run_options(self, graph: tf.Graph, fetches, options):
+    def run_options(self, graph: tf.Graph, fetches, options, timeout_seconds: float = 0.0):
         """``options`` (a ``RunOptions`` or None) for a run of ``fetches`` in ``graph``: with
         this rank's collective graph key when the run executes collective ops and the caller
-        set no key; else ``options`` unchanged. Returns (options, whether keyed)."""
+        set no key, and then, unless the caller set one, a deadline of ``timeout_seconds``
+        (> 0) for the whole run (one wait per step: a timeout on each collective op costs a
+        thread per op run that lives as long as the timeout); else ``options`` unchanged.
+        Returns (options, whether keyed)."""
         if options is not None and options.experimental.collective_graph_key:
             return options, False
         if not runs_collectives(graph, fetches):
@@ -76,6 +79,8 @@ class StepKeys:
         if options is not None:
             keyed.CopyFrom(options)
         keyed.experimental.collective_graph_key = self.key()
+        if timeout_seconds > 0 and not keyed.timeout_in_ms:
+            keyed.timeout_in_ms = max(1, int(timeout_seconds * 1000))
         return keyed, True
 
 

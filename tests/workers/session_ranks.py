@@ -108,6 +108,7 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     else:
         sf.start_asc_pipeline()
     losses = []
+    threads = []   # the process's threads after the second step and after the last
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         if modify_graph:
@@ -118,10 +119,13 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
             if step == die_at and rank == size - 1:
                 os._exit(7)
             losses.append(sess.run([global_loss, train])[0])
+            if step == start + 2:
+                threads.append(len(os.listdir("/proc/self/task")))
             if step == save_at:
                 saver.save(sess, save_to if shared_prefix else f"{save_to}-{rank}",
                            global_step=step)
-        out = {"losses": np.asarray(losses), "w": sess.run(w)}
+        threads.append(len(os.listdir("/proc/self/task")))
+        out = {"losses": np.asarray(losses), "w": sess.run(w), "threads": np.asarray(threads)}
         for table in tables:   # device rows are read through the session
             for name, value in sorted_state(table, sess).items():
                 out[f"{table.table_name}/{name}"] = value
