@@ -33,7 +33,8 @@ import numpy as np
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
-from sparseflow.pipeline.key_processor import SendCountOverflowError, dedup_batch, dedup_keys
+from sparseflow.pipeline.key_processor import (SendCountOverflowError, dedup_batch,
+                                               process_tables)
 
 
 def _timed(stage: str):
@@ -85,8 +86,11 @@ class KeyRouter:
         self.send_count = send_count
         self.by_table = [[k for k, t in enumerate(feature_tables) if t == i]
                          for i in range(len(tables))]
-        self.coefs = [np.asarray([feature_coefs[k] for k in members], np.int32)
-                      for members in self.by_table]
+        # Features in table order, and where each table's end among them: one dedup call
+        # per batch for every table.
+        self._order = [k for members in self.by_table for k in members]
+        self._coefs = np.asarray([feature_coefs[k] for k in self._order], np.int32)
+        self._table_segs = np.cumsum([len(m) for m in self.by_table], dtype=np.int64)
         self.max_dim = max(t.dim for t in tables)
         self._pending: dict[int, list] = {}
         # Seconds spent in each stage (for the run's summary: where a step's time goes).
@@ -123,25 +127,26 @@ class KeyRouter:
             (names the table and the value to set).
         """
         n, n_tables = self.world_size, len(self.tables)
-        uniqs, weights, owners, gathers = [], [], [], [None] * self.n_features
+        keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in self._order]
+        ordered = np.fromiter((x.shape[0] for x in keys), np.int64, len(keys))
         lengths = np.zeros(self.n_features, np.int64)
-        offset = 0
-        for t, members in enumerate(self.by_table):
-            keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in members]
-            for k, x in zip(members, keys):
-                lengths[k] = x.shape[0]
-            ends = np.cumsum(lengths[members])
-            uniq, restore, weight, n_unique = dedup_keys(
-                keys[0] if len(keys) == 1 else np.concatenate(keys), ends, self.coefs[t])
-            for k, start, end in zip(members, ends - lengths[members], ends):
-                gathers[k] = restore[start:end] + np.int32(offset)
-            uniqs.append(uniq[:n_unique])
-            weights.append(weight[:n_unique])
-            owners.append(owner_of(uniqs[-1], n, self.hash))
-            offset += n_unique
-        table_ends = np.cumsum([u.shape[0] for u in uniqs], dtype=np.int64)
-        uniq_all, weight_all, owner_all = (_joined(parts, dtype) for parts, dtype in (
-            (uniqs, np.int64), (weights, np.int64), (owners, np.int32)))
+        lengths[self._order] = ordered
+        key_ends = np.cumsum(ordered)
+        batch = dedup_batch(_joined(keys, np.int64), key_ends, self._coefs, self._table_segs)
+        table_ends = np.cumsum(batch.n_unique, dtype=np.int64)
+        offset = int(table_ends[-1]) if n_tables else 0
+        # Table t's unique keys at table_ends[t-1] onwards of every table's, one after another.
+        firsts = table_ends - batch.n_unique
+        uniq_all = _joined([batch.uniq[a:a + u] for a, u in zip(batch.starts, batch.n_unique)],
+                           np.int64)
+        weight_all = _joined([batch.weight[a:a + u]
+                              for a, u in zip(batch.starts, batch.n_unique)], np.int64)
+        owner_all = owner_of(uniq_all, n, self.hash)
+        table_of_feature = np.repeat(np.arange(n_tables), [len(m) for m in self.by_table])
+        gathers = [None] * self.n_features
+        for k, t, start, end in zip(self._order, table_of_feature, key_ends - ordered,
+                                    key_ends):
+            gathers[k] = batch.restore[start:end] + np.int32(firsts[t])
         counts = np.empty((n, n_tables), np.int32)
         shard_kernels.count_by_owner(owner_all, table_ends, counts)
         if self.send_count is not None:
@@ -163,7 +168,7 @@ class KeyRouter:
         place = np.empty((offset, 2), np.int32)
         shard_kernels.lay_out_keys(uniq_all, weight_all, owner_all, table_ends, starts, width,
                                    send, place)
-        sizes = np.concatenate([[u.shape[0] for u in uniqs], lengths]).astype(np.int64)
+        sizes = np.concatenate([batch.n_unique, lengths]).astype(np.int64)
         gather = (np.concatenate(gathers) if gathers else np.zeros(0)).astype(np.int32)
         return send.reshape(n, width, 2), counts, place, gather, sizes
 
@@ -206,10 +211,10 @@ class KeyRouter:
             shard_kernels.take_entries(flat, np.ascontiguousarray(starts[:, t]),
                                        np.ascontiguousarray(counts[:, t]), entries[t],
                                        keys[start:end], weights[start:end])
-        batch = dedup_batch(keys, np.arange(1, total + 1, dtype=np.int64), weights, ends)
-        tables = [(entries[t], table.processor.process_unique(*batch.table(t), train,
-                                                              timestamp))
-                  for t, table in enumerate(self.tables)]
+        _, results = process_tables([table.processor for table in self.tables], keys,
+                                    np.arange(1, total + 1, dtype=np.int64), weights, ends,
+                                    train, timestamp)
+        tables = list(zip(entries, results))
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))

@@ -2,9 +2,9 @@
 
 One ``tf.numpy_function`` call per batch takes the raw key tensors of every feature spec; every
 spec's keys are flattened and concatenated in table order, deduplicated per table by one kernel
-call (``key_processor.dedup_batch``), and each table's unique keys handed to its key processor
-in one call, which returns the row of each unique key. Everything comes back as one int32 array — every table's rows, then every spec's
-restore vector — with the sizes of its parts; the map function adds the two to the batch dict,
+call, and each table's unique keys handed to its key processor in one call
+(``key_processor.process_tables``), which returns the row of each unique key. Everything
+comes back as one int32 array — every table's rows, then every spec's restore vector — with the sizes of its parts; the map function adds the two to the batch dict,
 and the model slices out what it uses:
 
     batch_rows(batch, table)     int32[U]   row per unique key (-1: none)
@@ -27,7 +27,7 @@ from sparseflow import runtime as _runtime
 from sparseflow.featurespec.grouping import group_specs_by_table
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.graph_cache import graph_cache
-from sparseflow.pipeline.key_processor import dedup_batch
+from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.validation import check_bool
 
 _RESERVED = "__sparseflow__/"
@@ -233,7 +233,7 @@ def _make_process(rt, plan: InsertPlan):
     is_training = plan.is_training
     has_timestamp = plan.timestamp is not None and is_training
     static = not rt.config.use_dynamic
-    groups = [(name, specs) for name, specs in plan.tables.items()]
+    groups = list(plan.tables.items())
     n_specs = sum(len(specs) for _, specs in groups)
     seg_coefs = np.asarray([s.faae_coefficient for _, specs in groups for s in specs], np.int32)
     table_segs = np.cumsum([len(specs) for _, specs in groups], dtype=np.int64)
@@ -260,15 +260,14 @@ def _make_process(rt, plan: InsertPlan):
         # table's row assignment. Sequential on purpose: spreading tables over threads made
         # each job wait for the GIL between its (GIL-free) kernels, which was 5x slower
         # (BENCHMARKS.md).
-        batch = dedup_batch(keys[0] if n_specs == 1 else np.concatenate(keys),
-                            np.cumsum(lengths), seg_coefs, table_segs)
-        results = []
-        for t, (table, (_, specs)) in enumerate(zip(tables, groups)):
-            pad_to = None
-            if static:
-                pad_to = sum(table.send_counts.get(s.unique_name, 0) for s in specs)
-            results.append(table.processor.process_unique(*batch.table(t), is_training,
-                                                          timestamp, pad_to))
+        pad_tos = None
+        if static:
+            pad_tos = [sum(table.send_counts.get(s.unique_name, 0) for s in specs)
+                       for table, (_, specs) in zip(tables, groups)]
+        batch, results = process_tables(
+            [table.processor for table in tables],
+            keys[0] if n_specs == 1 else np.concatenate(keys), np.cumsum(lengths), seg_coefs,
+            table_segs, is_training, timestamp, pad_tos)
         # Every spec's restore vector, in spec order, is the batch's one restore array.
         rows = [result.rows for result in results]
         sizes = np.fromiter([r.shape[0] for r in rows] + list(lengths) + [r.seq for r in results],

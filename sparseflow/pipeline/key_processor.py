@@ -102,15 +102,8 @@ def dedup_keys(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray):
       ``(uniq, restore, weight, U)``: int64 ``uniq[:U]`` the distinct keys, int32 ``restore[n]``
       with ``keys[i] == uniq[restore[i]]``, int64 ``weight[:U]`` each key's weighted count.
     """
-    keys = np.ascontiguousarray(keys, np.int64)
-    n = keys.shape[0]
-    restore = np.empty(n, np.int32)
-    uniq = np.empty(n, np.int64)
-    weight = np.empty(n, np.int64)
-    scratch = _thread_scratch(n)
-    n_unique = kk.dedup(keys, seg_ends, seg_coefs, scratch.keys, scratch.tags,
-                        scratch.next_generation(), uniq, restore, weight)
-    return uniq, restore, weight, n_unique
+    batch = dedup_batch(keys, seg_ends, seg_coefs, np.array([seg_ends.shape[0]], np.int64))
+    return batch.uniq, batch.restore, batch.weight, int(batch.n_unique[0])
 
 
 @dataclass
@@ -165,6 +158,30 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
                     scratch.next_generation(table_segs.shape[0]), uniq, restore, weight,
                     n_unique)
     return BatchKeys(uniq, restore, weight, n_unique, starts, table_ends)
+
+
+def process_tables(processors: list, keys: np.ndarray, seg_ends: np.ndarray,
+                   seg_coefs: np.ndarray, table_segs: np.ndarray, train: bool,
+                   timestamp: int | None = None, pad_tos: list | None = None):
+    """A batch's keys of every table through their key processors: one :func:`dedup_batch`
+    call, then each table's :meth:`KeyProcessor.process_unique`, in table order.
+
+    Args:
+      processors: the tables' ``KeyProcessor``s, in table order.
+      keys, seg_ends, seg_coefs, table_segs: as :func:`dedup_batch`.
+      train, timestamp: as :meth:`KeyProcessor.process`.
+      pad_tos: per table, ``pad_to`` (static shapes), or None.
+
+    Returns:
+      ``(BatchKeys, [BatchResult per table])``.
+
+    Raises:
+      As :meth:`KeyProcessor.process`.
+    """
+    batch = dedup_batch(keys, seg_ends, seg_coefs, table_segs)
+    pad_tos = pad_tos or [None] * len(processors)
+    return batch, [p.process_unique(*batch.table(t), train, timestamp, pad_tos[t])
+                   for t, p in enumerate(processors)]
 
 
 class KeyProcessor:

@@ -32,7 +32,7 @@ from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.ops import batch_kernels as bk
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
-from sparseflow.pipeline.key_processor import dedup_batch
+from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
 from sparseflow.tf2.config import FeatureConfig, TableConfig
@@ -235,9 +235,9 @@ class Embedding(tf.Module):
             keys = [ids[k] for k in order]
             lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_features)
             ends = np.cumsum(lengths)
-            batch = dedup_batch(np.concatenate(keys), ends, ones, table_segs)
-            results = [table.processor.process_unique(*batch.table(t), bool(training), stamp)
-                       for t, table in enumerate(self._tables)]
+            batch, results = process_tables([table.processor for table in self._tables],
+                                            np.concatenate(keys), ends, ones, table_segs,
+                                            bool(training), stamp)
             restores = [None] * n_features
             for k, start, end in zip(order, ends - lengths, ends):
                 restores[k] = batch.restore[start:end]
