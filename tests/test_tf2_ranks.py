@@ -39,6 +39,11 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
                                        err_msg=f"{table}/{name}")
         for shard in two:
             assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"]) == STEPS
+    # A timeout on each collective op made TensorFlow start a thread per op run that slept
+    # out the timeout (300 s): thousands of threads a minute, until the pids ran out.
+    for shard in two:
+        after_second, at_end = (int(n) for n in shard["threads"])
+        assert at_end - after_second < STEPS - 2, shard["threads"]
     # Table a admits on the counts of both ranks' batches: some keys stay counted only.
     assert len(one["a/counted"]) > 0
     np.testing.assert_array_equal(

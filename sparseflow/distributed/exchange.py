@@ -54,16 +54,19 @@ class Exchange:
         (the data the collective waits for) is computed."""
         return self.group_key, self._keys(1, after)[0]
 
+    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+        """Collective ``op`` (a ``tf.raw_ops`` V2 collective) of ``x`` under this
+        exchange's group, its instance key taken once ``x`` is computed."""
+        group, key = self._id(after=x)
+        return op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
+                  ordering_token=[], timeout_seconds=self.timeout_seconds, **attrs)
+
     def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
         worker r. Same shape on every worker. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id(after=x)
-        return tf.raw_ops.CollectiveAllToAllV2(
-            input=x, group_size=self.world_size, group_key=group, instance_key=key,
-            ordering_token=[], communication_hint="auto",
-            timeout_seconds=self.timeout_seconds)
+        return self._run(tf.raw_ops.CollectiveAllToAllV2, x, communication_hint="auto")
 
     def reduce(self, x: tf.Tensor, op: str) -> tf.Tensor:
         """Element-wise ``op`` (``"Add"``, ``"Max"``, ``"Min"`` or ``"Mul"``) of ``x`` over
@@ -73,21 +76,14 @@ class Exchange:
             raise ValueError(f"Argument `op` must be Add, Max, Min or Mul; received: {op!r}")
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id(after=x)
-        return tf.raw_ops.CollectiveReduceV2(
-            input=x, group_size=self.world_size, group_key=group, instance_key=key,
-            ordering_token=[], merge_op=op, final_op="Id",
-            timeout_seconds=self.timeout_seconds)
+        return self._run(tf.raw_ops.CollectiveReduceV2, x, merge_op=op, final_op="Id")
 
     def gather(self, x: tf.Tensor) -> tf.Tensor:
         """Every worker's ``x`` (same shape everywhere) concatenated along axis 0, in worker
         order. One worker: ``x`` itself."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        group, key = self._id(after=x)
-        return tf.raw_ops.CollectiveGatherV2(
-            input=x, group_size=self.world_size, group_key=group, instance_key=key,
-            ordering_token=[], timeout_seconds=self.timeout_seconds)
+        return self._run(tf.raw_ops.CollectiveGatherV2, x)
 
     def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0,
                            also_max: tf.Tensor | None = None):
@@ -161,24 +157,51 @@ class CountedExchange(Exchange):
     retraced a function (a trace depends on the shapes a rank saw, which differ between
     ranks), and no two runs share a key.
 
+    The collective ops carry no timeout (TensorFlow would start a thread per op run that
+    sleeps out the timeout); the process's :class:`CollectiveWatchdog` enforces
+    ``timeout_seconds`` instead, told when each collective starts and ends.
+
     Args:
       world_size, timeout_seconds, group_key: as :class:`Exchange`.
     """
 
     def __init__(self, world_size: int, timeout_seconds: float, group_key: int):
+        from sparseflow.distributed.collective_watchdog import process_watchdog
+
         self.world_size = world_size
         self.timeout_seconds = timeout_seconds
         self.group_key = group_key
+        self._watchdog = process_watchdog(timeout_seconds) if world_size > 1 else None
 
     def _id(self, after: tf.Tensor | None = None):
-        return self.group_key, _counted_key(_COUNTED_RUNS, after)
+        return self.group_key, _counted_key(_COUNTED_RUNS, after, self._watchdog)
+
+    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+        group, key = self._id(after=x)
+        out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
+                 ordering_token=[], timeout_seconds=0.0, **attrs)
+        watchdog = self._watchdog
+
+        @tf.autograph.experimental.do_not_convert
+        def finished():
+            watchdog.finished()
+            return np.int32(0)
+
+        # Stateful: a tf.function runs it after the collective even though nothing reads it.
+        with tf.control_dependencies([out]):
+            tf.numpy_function(finished, [], tf.int32, stateful=True,
+                              name="sparseflow_collective_finished")
+        return out
 
 
-def _counted_key(runs, after: tf.Tensor | None = None) -> tf.Tensor:
+def _counted_key(runs, after: tf.Tensor | None = None, watchdog=None) -> tf.Tensor:
     """An int32 scalar instance key: the next count of ``runs``, taken each time the op
-    runs, once ``after`` (if given) is computed."""
+    runs, once ``after`` (if given) is computed; ``watchdog`` (if given) is told that a
+    collective starts."""
     @tf.autograph.experimental.do_not_convert
     def next_run():
+        if watchdog is not None:
+            watchdog.started()
         return np.int32(next(runs) % INT32_MAX)
 
     # A key taken on one rank in a step that another rank aborts (its data never came)

@@ -15,7 +15,8 @@ Embedding and the head to ``PREFIX-rank{r}`` (with ``--keras``, the layer's save
 ``--restore PATH --start K``: restore one (the layer's first; ``{rank}`` in PATH: this rank's)
 and train steps K+1..STEPS.
 ``--die-at K``: the last rank exits (status 7) before global step K. Each rank writes
-``OUT_DIR/rank{r}.npz``: the step losses and its shard of each table, sorted by key.
+``OUT_DIR/rank{r}.npz``: the step losses, its shard of each table, sorted by key, and its
+thread count after the second step and after the last.
 """
 
 import argparse
@@ -95,16 +96,20 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
                 layer.load_own_variables(f[LAYER_GROUP])
         checkpoint.read(restore).assert_consumed()
     losses = []
+    threads = []   # the process's threads after the second step and after the last
     for index, element in enumerate(ds, start=start + 1):
         if index == die_at and ranks.rank == ranks.size - 1:
             os._exit(7)
         losses.append(float(step(*element)))
+        if len(losses) == 2:
+            threads.append(len(os.listdir("/proc/self/task")))
         if index == save_at:
             checkpoint.write(f"{save_to}-rank{ranks.rank}")
             if layer is not None:   # where model.save_weights puts the layer's variables
                 with h5py.File(f"{save_to}-rank{ranks.rank}-layer.weights.h5", "w") as f:
                     layer.save_own_variables(f.create_group(LAYER_GROUP))
-    out = {"losses": np.asarray(losses), "w": w.numpy()}
+    threads.append(len(os.listdir("/proc/self/task")))
+    out = {"losses": np.asarray(losses), "w": w.numpy(), "threads": np.asarray(threads)}
     tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
     for table in tables:
         for name, value in sorted_state(table).items():
