@@ -85,3 +85,68 @@ def test_a_module_runs_on_every_rank_with_its_arguments(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "[rank 0] 0 ['a', '--b']" in done.stdout and "[rank 1] 1 ['a', '--b']" in done.stdout
+
+
+def test_each_rank_gets_its_share_of_the_cpus_for_tensorflows_pools(tmp_path):
+    """Ranks sharing a machine size TensorFlow's pools to their share of the CPUs (their idle
+    pool threads otherwise spin on the cores the other rank computes on); a variable the
+    user set is theirs."""
+    body = """
+        import os
+        print(os.environ.get("TF_NUM_INTRAOP_THREADS"), os.environ.get("TF_NUM_INTEROP_THREADS"))
+        """
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    done = launch(tmp_path, body)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"[rank {r}] {share} {share}" for r in (0, 1)]
+    script = tmp_path / "script.py"
+    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", "2", str(script)],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+                          env=dict(ENV, TF_NUM_INTEROP_THREADS="7"))
+    assert sorted(done.stdout.splitlines()) == [f"[rank {r}] {share} 7" for r in (0, 1)]
+
+
+def test_local_rank_threads_splits_the_cpus_and_leaves_what_is_set():
+    from sparseflow.distributed.cluster import local_rank_threads
+
+    both = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+    assert local_rank_threads(2, {}, cpus=2) == dict.fromkeys(both, "1")
+    assert local_rank_threads(3, {}, cpus=16) == dict.fromkeys(both, "5")
+    assert local_rank_threads(8, {}, cpus=2) == dict.fromkeys(both, "1")   # at least one
+    assert local_rank_threads(1, {}, cpus=4) == dict.fromkeys(both, "4")
+    assert local_rank_threads(2, {"TF_NUM_INTRAOP_THREADS": "3"}, cpus=8) == {
+        "TF_NUM_INTEROP_THREADS": "4"}
+    assert local_rank_threads(2, {"TF_NUM_INTRAOP_THREADS": " "}, cpus=8) == dict.fromkeys(
+        both, "4")   # empty is unset
+
+
+def test_train_workers_get_their_share_of_the_cpus(monkeypatch, tmp_path):
+    """``sparseflow train --workers N`` starts its workers with the same pool sizes."""
+    import io
+
+    from sparseflow.distributed import launch as launcher
+
+    started = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, argv, env, **_):
+            started.append(env)
+
+        def poll(self):
+            return 0
+
+        def wait(self):
+            return 0
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Finished)
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    launcher._run(["train", "job.yaml"], [1234, 1235, 1236], str(tmp_path), 1.0, io.StringIO())
+    share = str(max(1, len(os.sched_getaffinity(0)) // 3))
+    assert [(e["TF_NUM_INTRAOP_THREADS"], e["TF_NUM_INTEROP_THREADS"]) for e in started] == [
+        (share, share)] * 3

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-from sparseflow.distributed.cluster import EXIT_ADDRESS_IN_USE, local_tf_config
+from sparseflow.distributed.cluster import (EXIT_ADDRESS_IN_USE, local_rank_threads,
+                                           local_tf_config)
 
 WORKER_LOG_DIR = "workers"
 PORT_ATTEMPTS = 3
@@ -121,7 +122,8 @@ def _run(argv: list[str], ports: list[int], log_dir: str, grace_seconds: float,
     procs, logs = [], []
     try:
         for index in range(workers):
-            env = dict(os.environ, TF_CONFIG=local_tf_config(ports, index))
+            env = dict(os.environ, TF_CONFIG=local_tf_config(ports, index),
+                       **local_rank_threads(workers))
             if index == 0:
                 out = None
             else:

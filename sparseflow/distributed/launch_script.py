@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-from sparseflow.distributed.cluster import local_tf_config
+from sparseflow.distributed.cluster import local_rank_threads, local_tf_config
 from sparseflow.distributed.launch import _status, reserve_ports, watch
 
 RANK_VARIABLE, WORLD_VARIABLE = "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"
@@ -68,7 +68,7 @@ def launch_script(command: list[str], ranks: int, grace_seconds: float = 30.0,
             # Unbuffered: a rank's lines reach the terminal as it prints them, not when its
             # pipe buffer fills.
             env = dict(os.environ, TF_CONFIG=local_tf_config(ports, rank),
-                       PYTHONUNBUFFERED="1",
+                       PYTHONUNBUFFERED="1", **local_rank_threads(ranks),
                        **{RANK_VARIABLE: str(rank), WORLD_VARIABLE: str(ranks)})
             proc = subprocess.Popen([sys.executable, *command], env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
