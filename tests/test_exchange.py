@@ -80,3 +80,35 @@ def test_a_graph_collective_takes_no_instance_key_in_a_step_whose_batch_never_co
             with pytest.raises(tf.errors.OutOfRangeError):
                 sess.run(received)
     assert taken == []
+
+
+def test_run_keyed_collectives_of_a_static_shape_share_one_instance_key(monkeypatch):
+    """A collective whose input has one shape every run keeps one instance key (TensorFlow
+    then resolves it once, not through the group's leader each run, and no Python call
+    takes a key); a collective whose width varies counts its runs (its resolved shape is
+    kept per key)."""
+    import itertools
+
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+
+    counters = []
+
+    def counter(start):
+        counters.append(start)
+        return itertools.count(start)
+
+    monkeypatch.setattr(exchange_module, "_run_counter", counter)
+    groups = itertools.count(7101)
+    with tf.Graph().as_default():
+        ex = exchange_module.RunKeyedExchange(2, 0.5, lambda: next(groups))
+        static = ex.reduce(tf.zeros([2], tf.int64), "Max")
+        varying = ex.all_to_all(tf.compat.v1.placeholder(tf.float32, [2, None, 4]))
+        assert len(counters) == 1   # the varying one's
+        static_key = static.op.inputs[3]
+        assert static_key.op.type == "Const"
+        assert tf.get_static_value(static_key) == exchange_module.FIXED_INSTANCE_KEY
+        assert varying.op.inputs[3].op.type == "PyFunc"   # taken from the counter per run
+        assert [tf.get_static_value(op.inputs[2]) for op in (static.op, varying.op)] == [
+            7101, 7102]   # a group per op

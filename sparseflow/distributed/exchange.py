@@ -138,8 +138,17 @@ class RunKeyedExchange(Exchange):
         self._groups = groups
 
     def _id(self, after: tf.Tensor | None = None):
+        if after is not None and after.shape.is_fully_defined():
+            # One shape every run: the runs share the op's ids (all ranks agree on each
+            # run's step id, which keeps the runs' buffers apart), so TensorFlow resolves
+            # the instance once instead of asking the group's leader on every run, and no
+            # Python call takes a key.
+            return self._groups(), tf.constant(FIXED_INSTANCE_KEY, tf.int32)
         return self._groups(), _counted_key(_run_counter(1), after)
 
+
+# The instance key of every run of a RunKeyedExchange op whose input has a static shape.
+FIXED_INSTANCE_KEY = 1
 
 # Each RunKeyedExchange op counts its runs with one of these (a name tests can watch).
 _run_counter = itertools.count
