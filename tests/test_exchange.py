@@ -112,3 +112,36 @@ def test_run_keyed_collectives_of_a_static_shape_share_one_instance_key(monkeypa
         assert varying.op.inputs[3].op.type == "PyFunc"   # taken from the counter per run
         assert [tf.get_static_value(op.inputs[2]) for op in (static.op, varying.op)] == [
             7101, 7102]   # a group per op
+
+
+def test_counted_collectives_of_a_static_shape_keep_one_key_per_signature():
+    """A TF2 collective whose input has a static shape keeps one instance key per signature
+    (its exchange, op, shape, dtype and attributes), numbered in build order above the
+    counted keys; one whose width varies takes a key from the counter on each run."""
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+
+    first = exchange_module.CountedExchange(2, 5.0, 1010)
+    second = exchange_module.CountedExchange(2, 5.0, 1010)
+    keys = {}
+    with tf.Graph().as_default():
+        def key_of(out):
+            op = out.op
+            while op.type == "Identity":   # the watchdog's mark after the collective
+                op = op.inputs[0].op
+            key = op.inputs[3]
+            return int(tf.get_static_value(key)) if key.op.type == "Const" else key.op.type
+
+        keys["reduce"] = key_of(first.reduce(tf.zeros([2], tf.int64), "Max"))
+        keys["reduce again"] = key_of(first.reduce(tf.ones([2], tf.int64), "Max"))
+        keys["min"] = key_of(first.reduce(tf.zeros([2], tf.int64), "Min"))
+        keys["other shape"] = key_of(first.reduce(tf.zeros([3], tf.int64), "Max"))
+        keys["other exchange"] = key_of(second.reduce(tf.zeros([2], tf.int64), "Max"))
+        keys["varying"] = key_of(first.all_to_all(
+            tf.compat.v1.placeholder(tf.float32, [2, None, 4])))
+    static = [keys[k] for k in ("reduce", "min", "other shape", "other exchange")]
+    assert all(k >= exchange_module.STATIC_KEY_BASE for k in static)
+    assert len(set(static)) == 4
+    assert keys["reduce again"] == keys["reduce"]
+    assert keys["varying"] == "PyFunc"
