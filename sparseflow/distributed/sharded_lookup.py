@@ -194,21 +194,32 @@ def _build(rt, batch: dict, plan) -> dict:
         has_row = flags[0]
     else:
         unique, has_row = ex.forward(flags=True)
-    # Each table's unique rows, which its lookups gather from: under dynamic expansion
-    # these are the "local embeddings" a by-address optimizer differentiates w.r.t.
+    # An expanding table's unique rows, which its lookups gather from in training: the
+    # "local embeddings" a by-address optimizer differentiates w.r.t.
     bounds = _table_bounds(batch, plan)
     per_table = {}
     for table, (start, end) in zip(ex.router.tables, bounds):
-        per_table[table.table_name] = tf.ensure_shape(unique[start:end, :table.dim],
-                                                      [None, table.dim])
+        if ex.train and table.expands:
+            per_table[table.table_name] = tf.ensure_shape(unique[start:end, :table.dim],
+                                                          [None, table.dim])
     if ex.train:
         _add_local_embeddings(ex, bounds, per_table)
-    table_index = {table.table_name: t for t, table in enumerate(ex.router.tables)}
+    tables = {table.table_name: (t, table) for t, table in enumerate(ex.router.tables)}
     specs = [s for group in plan.tables.values() for s in group]
     out = {}
     for spec, piece in zip(specs, _spec_indices(batch, plan)):
-        start = bounds[table_index[spec.table_name]][0]
-        out[spec.unique_name] = (tf.gather(per_table[spec.table_name], piece - start),
+        t, table = tables[spec.table_name]
+        if table.expands and ex.train:
+            # Through the table's local embeddings, which its optimizer differentiates.
+            rows = tf.gather(per_table[spec.table_name], piece - bounds[t][0])
+        else:
+            # Gathered from the exchanged rows, then cut to the table's width: the gradient
+            # is the ids' rows only (a cut of the table's part first made every lookup's
+            # gradient a dense pass over all the batch's rows, 26 of them per step).
+            rows = tf.gather(unique, piece)
+            if table.dim != unique.shape[1]:
+                rows = rows[:, :table.dim]
+        out[spec.unique_name] = (tf.ensure_shape(rows, [None, table.dim]),
                                  tf.gather(has_row, piece))
     return out
 

@@ -137,10 +137,11 @@ class BoundSharding:
             raise RuntimeError("Embedding.update() needs the batch's activations read for "
                                "training first (dequeue, or activations(training=True)).")
         max_dim = self.router.max_dim
-        dy = tf.zeros(tf.stack([batch["route/unique"], max_dim]))
-        for grad, piece in zip(per_id, self._pieces(batch)):
-            grad = tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
-            dy += tf.math.unsorted_segment_sum(grad, piece, batch["route/unique"])
+        # One sum over every feature's ids: a sum per feature into the batch's unique rows
+        # and their adding up cost a full [unique, max_dim] pass per feature.
+        grads = tf.concat([tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
+                           for grad in per_id], 0)
+        dy = tf.math.unsorted_segment_sum(grads, batch["route/gather"], batch["route/unique"])
         return batch["route/exchange"].apply_at_owners(dy)
 
 
