@@ -208,8 +208,8 @@ def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_
     assert time.monotonic() - begin < 60
     assert "rank 1 exited with status 7" in done.stderr
     prefix = str(tmp_path / f"model-0-{SAVE_AT}")
-    assert (f"[rank 0] sparseflow.distributed.graph_world.RankLostError: Rank 0 of 2: a "
-            f"collective among the ranks did not complete") in done.stdout
+    assert ("[rank 0] sparseflow.distributed.graph_world.RankLostError: Rank 0 of 2: a "
+            "collective among the ranks did not complete") in done.stdout
     assert (f"(collectives wait 3 s, SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every "
             f"rank completed: {prefix} (restore it on a rerun to resume)") in done.stdout
     resumed = tmp_path / "resumed"
