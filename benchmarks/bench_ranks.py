@@ -128,8 +128,9 @@ def main() -> None:
         *rows, "",
         "2-rank step against the 1-rank step plus the exchange alone (target: within 1.3x). "
         "The exchange alone is `ranks_worker.py exchange` on 2 ranks: only the collectives "
-        "of the face's step (per exchange the counts' all-to-all and width agreement, the "
-        "keys', the rows' and the gradients' all-to-alls; the dense all-reduce), on buffers "
+        "of the face's step (per exchange the counts' all-to-all, which carries the width "
+        "agreement, the keys', the rows' and the gradients' all-to-alls; the dense "
+        "all-reduce), on buffers "
         "of the mean width the face's 2-rank run of the same round agreed on, nothing else "
         "in the step; ratios per round, median:", "",
         "| face | 1 rank, ms/step | exchange alone, ms/step | 2 ranks, ms/step | "
@@ -138,7 +139,7 @@ def main() -> None:
         *bounds, "",
         "Both ranks share this machine's 2 cores, so the ratio is the sharded layer's overhead "
         "(the all-to-alls, the owner-side key processing, a second process), not scaling. "
-        "Bytes: counts, the width agreement, keys with their weights, rows (with a has-row "
+        "Bytes: counts with the width agreement, keys with their weights, rows (with a has-row "
         "flag in the Session face) and gradients to the other rank, padded to the agreed "
         "width, plus a ring all-reduce's share of the dense gradients. The Keras face "
         "exchanges each layer's table on its own (26 tables: 26 times the collectives of "

@@ -322,9 +322,9 @@ def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
     ``SF_BENCH_REPLY`` the reply's floats per key (17 with the Session faces' has-row flag,
     else 16), ``SF_BENCH_EXCHANGES`` exchanges per step (1; the Keras face: 26, one per
     table), ``SF_BENCH_DENSE`` dense parameters all-reduced): per exchange, as
-    ``BatchExchange`` runs them, the counts' all-to-all and the width agreement, the keys'
-    all-to-all, the rows' all-to-all back, then the gradients' all-to-all; then the dense
-    gradients' all-reduce. Nothing else runs: the step's time is the exchange's time."""
+    ``BatchExchange`` runs them, the counts' all-to-all (which carries the width agreement),
+    the keys' all-to-all, the rows' all-to-all back, then the gradients' all-to-all; then the
+    dense gradients' all-reduce. Nothing else runs: the step's time is the exchange's time."""
     import sparseflow as sf
     from sparseflow.distributed import collectives, graph_world
     from sparseflow.distributed.sharding import PAD_KEY

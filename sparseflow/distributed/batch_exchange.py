@@ -158,9 +158,10 @@ def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
     """Mean bytes one rank sends per training step through one routed batch's exchange
     (``widths``: the agreed width m of each step's buffers) and a ring all-reduce of
     ``dense_parameters`` float32s: to each of the N-1 others, the counts (4 bytes per
-    table), keys with their weights (16 bytes per slot of m), rows back (``max_dim`` floats,
-    plus a has-row flag with ``flags``) and their gradients (``max_dim`` floats), the width
-    agreement (16 bytes); and 2 (N-1)/N of the dense gradients. 0.0 on one rank."""
+    table) with this rank's width and timestamp (12 bytes), keys with their weights (16 bytes
+    per slot of m), rows back (``max_dim`` floats, plus a has-row flag with ``flags``) and
+    their gradients (``max_dim`` floats); and 2 (N-1)/N of the dense gradients. 0.0 on one
+    rank."""
     if world_size <= 1:
         return 0.0
     others = world_size - 1
@@ -168,5 +169,5 @@ def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
     if widths:
         m = sum(widths) / len(widths)
         reply = max_dim + int(flags)
-        exchange = others * (n_tables * 4 + m * 16 + m * reply * 4 + m * max_dim * 4 + 16)
+        exchange = others * (n_tables * 4 + 12 + m * 16 + m * reply * 4 + m * max_dim * 4)
     return exchange + 2.0 * others / world_size * dense_parameters * 4

@@ -95,8 +95,8 @@ class Exchange:
         (a static ``send_count`` width stays that width on every worker).
 
         Args:
-          also_max: an int64 scalar whose largest value over the workers the same reduction
-            finds (e.g. the step's timestamp), or None.
+          also_max: an int64 scalar whose largest value over the workers the counts'
+            all-to-all finds too (e.g. the step's timestamp), or None.
 
         Returns:
           (received ``[world_size, m, ...]``, received counts int32 shaped as ``counts``, the
@@ -109,14 +109,25 @@ class Exchange:
         with tf.control_dependencies([x]):
             counts = tf.identity(tf.cast(counts, tf.int32))
             width = tf.identity(tf.cast(tf.shape(x)[1], tf.int64))
-        rows = tf.reshape(counts, [self.world_size, -1])
-        received_counts = tf.reshape(self.all_to_all(rows), tf.shape(counts))
+        n = self.world_size
+        rows = tf.reshape(counts, [n, -1])
+        parts = rows.shape[1] if rows.shape[1] is not None else tf.shape(rows)[1]
         extra = tf.constant(-1, tf.int64) if also_max is None else tf.cast(also_max, tf.int64)
-        most = self.reduce(tf.stack([width, extra]), "Max")
-        short = tf.cast(most[0], tf.int32) - tf.shape(x)[1]
+        # One all-to-all carries each worker's counts for the receiver together with its
+        # width and ``also_max`` (the same to every receiver, ``also_max`` as two int32s):
+        # the largest that arrive are the workers' largest. Two collectives (an all-to-all
+        # and a max-reduce) took two rounds of loopback latency per exchange.
+        mine = tf.concat([tf.cast(width, tf.int32)[None], tf.bitcast(extra, tf.int32)], 0)
+        header = tf.concat([rows, tf.tile(mine[None], [n, 1])], 1)
+        received = self.all_to_all(header)
+        received_counts = tf.reshape(received[:, :parts], counts.shape if
+                                     counts.shape.is_fully_defined() else tf.shape(counts))
+        most_width = tf.reduce_max(received[:, parts])
+        most_extra = tf.reduce_max(tf.bitcast(received[:, parts + 1:], tf.int64))
+        short = most_width - tf.shape(x)[1]
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
         x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
-        return self.all_to_all(x), received_counts, most[1]
+        return self.all_to_all(x), received_counts, most_extra
 
 
 class RunKeyedExchange(Exchange):

@@ -28,11 +28,9 @@ def main(index: int, ports: list[int]) -> None:
     exchange = Exchange(W, timeout_seconds=60.0)
 
     @tf.function(input_signature=[tf.TensorSpec([W, None], tf.int64),
-                                  tf.TensorSpec([W], tf.int32)])
-    def send_keys(ids, counts):
-        received, received_counts, _ = exchange.all_to_all_dynamic(ids, counts,
-                                                                   pad_value=PAD_KEY)
-        return received, received_counts
+                                  tf.TensorSpec([W], tf.int32), tf.TensorSpec([], tf.int64)])
+    def send_keys(ids, counts, stamp):
+        return exchange.all_to_all_dynamic(ids, counts, pad_value=PAD_KEY, also_max=stamp)
 
     @tf.function(input_signature=[tf.TensorSpec([W, None, 3], tf.float32)])
     def send_back(embeddings):
@@ -42,12 +40,23 @@ def main(index: int, ports: list[int]) -> None:
         return np.stack([keys % 1000, keys // 7 % 100, np.full(keys.shape, 1.0)], 1).astype(
             np.float32)
 
+    def keys_of(step, worker):   # a worker's batch of unique keys
+        rng = np.random.default_rng(100 * step + worker)
+        return np.unique(rng.integers(-500, 5000, rng.integers(1, 60)))
+
     for step in range(12):
-        rng = np.random.default_rng(100 * step + index)
-        keys = np.unique(rng.integers(-500, 5000, rng.integers(1, 60)))
+        keys = keys_of(step, index)
         buckets = bucket_keys(keys, W)
-        received, counts = send_keys(tf.constant(buckets.send), tf.constant(buckets.counts))
+        # Each worker's stamp; the largest comes back to every worker (values past int32,
+        # negative ones too).
+        stamps = [(-1) ** (step + r) * (2 ** 40 + 1000 * step + r) for r in range(W)]
+        received, counts, most = send_keys(tf.constant(buckets.send),
+                                           tf.constant(buckets.counts),
+                                           tf.constant(stamps[index], tf.int64))
         received, counts = received.numpy(), counts.numpy()
+        assert int(most) == max(stamps), (step, int(most), stamps)
+        widths = [bucket_keys(keys_of(step, r), W).width for r in range(W)]
+        assert received.shape[1] == max(widths), (step, received.shape, widths)
         for r in range(W):   # every key I received is mine, after the sender's real count
             mine = received[r, :counts[r]]
             assert (owner_of(mine, W) == index).all(), (step, r, mine)
