@@ -116,14 +116,16 @@ def test_run_keyed_collectives_of_a_static_shape_share_one_instance_key(monkeypa
 
 def test_counted_collectives_of_a_static_shape_keep_one_key_per_signature():
     """A TF2 collective whose input has a static shape keeps one instance key per signature
-    (its exchange, op, shape, dtype and attributes), numbered in build order above the
-    counted keys; one whose width varies takes a key from the counter on each run."""
+    (its group, op, shape, dtype and attributes), a hash above the counted keys, the same
+    whatever exchanges a rank built before it; one whose width varies takes a key from the
+    counter on each run."""
     import tensorflow as tf
 
     from sparseflow.distributed import exchange as exchange_module
 
     first = exchange_module.CountedExchange(2, 5.0, 1010)
     second = exchange_module.CountedExchange(2, 5.0, 1010)
+    other_group = exchange_module.CountedExchange(2, 5.0, 1011)
     keys = {}
     with tf.Graph().as_default():
         def key_of(out):
@@ -138,10 +140,42 @@ def test_counted_collectives_of_a_static_shape_keep_one_key_per_signature():
         keys["min"] = key_of(first.reduce(tf.zeros([2], tf.int64), "Min"))
         keys["other shape"] = key_of(first.reduce(tf.zeros([3], tf.int64), "Max"))
         keys["other exchange"] = key_of(second.reduce(tf.zeros([2], tf.int64), "Max"))
+        keys["other group"] = key_of(other_group.reduce(tf.zeros([2], tf.int64), "Max"))
         keys["varying"] = key_of(first.all_to_all(
             tf.compat.v1.placeholder(tf.float32, [2, None, 4])))
-    static = [keys[k] for k in ("reduce", "min", "other shape", "other exchange")]
-    assert all(k >= exchange_module.STATIC_KEY_BASE for k in static)
+    static = [keys[k] for k in ("reduce", "min", "other shape", "other group")]
+    assert all(exchange_module.STATIC_KEY_BASE <= k < 2**31 - 1 for k in static)
     assert len(set(static)) == 4
-    assert keys["reduce again"] == keys["reduce"]
+    assert keys["reduce again"] == keys["other exchange"] == keys["reduce"]
+    # Fixed by the signature alone, not by what the process built before: another process
+    # that first builds other collectives (a rank with an extra exchange) gets the same key.
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        from sparseflow.distributed.exchange import CountedExchange
+        with tf.Graph().as_default():
+            CountedExchange(2, 5.0, 1010).reduce(tf.zeros([7], tf.int32), "Add")
+            out = CountedExchange(2, 5.0, 1010).reduce(tf.zeros([2], tf.int64), "Max")
+            op = out.op
+            while op.type == "Identity":
+                op = op.inputs[0].op
+            print("KEY", int(tf.get_static_value(op.inputs[3])))
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert f"KEY {keys['reduce']}" in done.stdout, done.stdout + done.stderr[-2000:]
     assert keys["varying"] == "PyFunc"
+
+
+def test_two_signatures_with_one_static_key_are_refused(monkeypatch):
+    from sparseflow.distributed import exchange as exchange_module
+
+    signature = (1010, "CollectiveReduceV2", (3,), "int32", ())
+    key = exchange_module._static_key(signature)
+    assert exchange_module._static_key(signature) == key   # the same signature again: fine
+    monkeypatch.setitem(exchange_module._STATIC_KEYS, key, (1010, "Other", (5,), "int32", ()))
+    with pytest.raises(RuntimeError, match=f"share the instance key {key}"):
+        exchange_module._static_key(signature)
