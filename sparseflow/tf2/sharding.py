@@ -117,7 +117,10 @@ class BoundSharding:
         if training:
             batch["route/exchange"] = exchange
             batch["route/unique"] = tf.shape(unique)[0]
-        return [tf.gather(unique[:, :dim], piece)
+        # Gathered, then cut to the feature's width: cutting first copied every unique row
+        # once per feature narrower than the widest table.
+        width = unique.shape[1]
+        return [tf.gather(unique, piece)[:, :dim] if dim != width else tf.gather(unique, piece)
                 for dim, piece in zip(dims, self._pieces(batch))]
 
     def _pieces(self, batch: dict) -> list:
