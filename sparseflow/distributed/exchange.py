@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from sparseflow.distributed import width_buckets
 from sparseflow.validation import INT32_MAX, check_float, check_int
 
 # Above the group keys the strategy allocates for itself (1, 2, ...).
@@ -92,16 +93,17 @@ class Exchange:
         """``use_dynamic``: rows of ``x`` ``[world_size, width, ...]`` hold ``counts[r]`` real
         entries each (``counts`` int ``[world_size]``, or ``[world_size, parts]`` counting
         each part of a row); the workers exchange counts and agree on the widest ``x``, then
-        exchange ``x`` padded (with ``pad_value``) to it: each worker's width may differ
-        (a static ``send_count`` width stays that width on every worker).
+        exchange ``x`` padded (with ``pad_value``) to it, rounded up to its rung of
+        ``width_buckets.RUNGS``: each worker's width may differ.
 
         Args:
           also_max: an int64 scalar whose largest value over the workers the counts'
             all-to-all finds too (e.g. the step's timestamp), or None.
 
         Returns:
-          (received ``[world_size, m, ...]``, received counts int32 shaped as ``counts``, the
-          largest ``also_max`` (int64; -1 without one)).
+          (received ``[world_size, m, ...]``, ``m`` the rung of the widest ``x``; received
+          counts int32 shaped as ``counts``; the largest ``also_max`` (int64; -1 without
+          one)).
         """
         x = tf.convert_to_tensor(x)
         # The counts and the width (a constant when x's shape is static) wait for x: a step
@@ -125,7 +127,10 @@ class Exchange:
                                      counts.shape.is_fully_defined() else tf.shape(counts))
         most_width = tf.reduce_max(received[:, parts])
         most_extra = tf.reduce_max(tf.bitcast(received[:, parts + 1:], tf.int64))
-        short = most_width - tf.shape(x)[1]
+        # Padded to the width's rung (``width_buckets``): a few shapes over a run, each with
+        # one instance key, instead of a fresh key per width.
+        rung, _ = width_buckets.rounded_width(most_width)
+        short = rung - tf.shape(x)[1]
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
         x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
         return self.all_to_all(x), received_counts, most_extra
@@ -159,9 +164,23 @@ class RunKeyedExchange(Exchange):
             return self._groups(), tf.constant(FIXED_INSTANCE_KEY, tf.int32)
         return self._groups(), _counted_key(_run_counter(1), after)
 
+    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+        if x.shape.is_fully_defined() or not _rung_shaped(x):
+            return super()._run(op, x, **attrs)
+        # A width that varies: padded to its rung, each rung one key of the op's group,
+        # for the reason a static shape keeps one.
+        padded, index, width = _to_rung(x)
+        key = FIRST_RUNG_KEY + index
+        out = op(input=padded, group_size=self.world_size, group_key=self._groups(),
+                 instance_key=key, ordering_token=[], timeout_seconds=self.timeout_seconds,
+                 **attrs)
+        return out[:, :width]
+
 
 # The instance key of every run of a RunKeyedExchange op whose input has a static shape.
 FIXED_INSTANCE_KEY = 1
+# A RunKeyedExchange op whose width varies: the key of rung i is FIRST_RUNG_KEY + i.
+FIRST_RUNG_KEY = 2
 
 # Each RunKeyedExchange op counts its runs with one of these (a name tests can watch).
 _run_counter = itertools.count
@@ -169,11 +188,10 @@ _run_counter = itertools.count
 # The instance keys of CountedExchange: one counter for every exchange of the process.
 _COUNTED_RUNS = itertools.count(1)
 
-# CountedExchange's collectives of a static shape: one instance key per signature (the
-# group, the op, the shape, the dtype and the attributes), from here up; counted keys stay
-# below.
+# CountedExchange's collectives of a static or bucketed shape: a region of keys per
+# signature, from here up; counted keys stay below.
 STATIC_KEY_BASE = 1 << 30
-_STATIC_KEYS: dict = {}   # key -> signature, to catch two signatures hashing alike
+_STATIC_KEYS: dict = {}   # region's first key -> signature, to tell two apart that hash alike
 _STATIC_LOCK = threading.Lock()
 
 
@@ -181,20 +199,24 @@ class CountedExchange(Exchange):
     """:class:`Exchange` for eager code and ``tf.function``s, needing no variable (a
     variable made under a distribution strategy's scope is the strategy's).
 
-    A collective whose input has a static shape (the counts with the width agreement, a
-    barrier) keeps one instance key for every run: TensorFlow resolves it once instead of
-    asking the group's leader on every run (2-rank TF2 steps 42.0 -> 39.1 ms, Keras layers
-    184.4 -> 158.1). Runs of one key follow each other on every rank (a ``tf.function``
-    runs its stateful ops in program order), and a run ends only when its peers have what
-    it sent, so no two runs meet, whichever exchange ran them. The key is a hash of the
-    signature (group, op, shape, dtype, attributes), the same on every rank whatever else
-    a rank built: an exchange only one rank makes shifts nothing.
+    Every collective of a buffer ``[world_size, m, ...]`` (what an exchange sends) is
+    padded along ``m`` to its rung (``width_buckets``) and keeps one instance key per
+    rung; any other collective of a static shape (a barrier) keeps one key. TensorFlow
+    resolves each key once instead of asking the group's leader on every run (2-rank TF2
+    steps 42.0 -> 39.1 ms, Keras layers 184.4 -> 158.1 for the static shapes), and no
+    Python call takes a key. The keys of one signature (group, ``chain``, op, shape with
+    ``m`` left out, dtype, attributes) lie in one region: a hash of the signature, the
+    same on every rank whatever else a rank built (an exchange only one rank makes shifts
+    nothing), plus the rung's index.
 
-    A collective whose width varies takes the next count of one process-wide counter, at
-    run time, as its instance key (TensorFlow keeps the shape it resolved for a key). A
-    ``tf.function`` runs its stateful ops in program order, so every rank counts its
-    collectives alike however often each rank retraced a function (a trace depends on the
-    shapes a rank saw, which differ between ranks), and no two runs share a key.
+    Runs of one key never meet: the collectives of one ``chain`` run in program order (a
+    ``tf.function`` runs the stateful ops of a chain so, ``op_chains``), a run ends only
+    when its peers have what it sent, and two chains' collectives, which may run at once,
+    never share a signature.
+
+    A collective of any other varying shape takes the next count of one process-wide
+    counter at run time as its key, which holds only for collectives that run in program
+    order with every other such one: none of sparseflow's exchanges makes one.
 
     The collective ops carry no timeout (TensorFlow would start a thread per op run that
     sleeps out the timeout); the process's :class:`CollectiveWatchdog` enforces
@@ -202,14 +224,18 @@ class CountedExchange(Exchange):
 
     Args:
       world_size, timeout_seconds, group_key: as :class:`Exchange`.
+      chain: the name of the op chain this exchange's collectives run in (the same on
+        every rank); exchanges of different chains get different keys.
     """
 
-    def __init__(self, world_size: int, timeout_seconds: float, group_key: int):
+    def __init__(self, world_size: int, timeout_seconds: float, group_key: int,
+                 chain: str = ""):
         from sparseflow.distributed.collective_watchdog import process_watchdog
 
         self.world_size = world_size
         self.timeout_seconds = timeout_seconds
         self.group_key = group_key
+        self.chain = chain
         self._watchdog = process_watchdog(timeout_seconds) if world_size > 1 else None
 
     def _id(self, after: tf.Tensor | None = None):
@@ -217,34 +243,67 @@ class CountedExchange(Exchange):
 
     def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
         watchdog = self._watchdog
-        if x.shape.is_fully_defined():
-            key = _static_key((self.group_key, op.__name__, tuple(x.shape.as_list()),
-                               x.dtype.name, tuple(sorted(attrs.items()))))
+        bucketed = _rung_shaped(x) and (x.shape[1] is None or tf.executing_eagerly())
+        width = None
+        if bucketed:
+            x, index, width = _to_rung(x)
+            shape = (x.shape[0], None) + tuple(x.shape.as_list()[2:])
+        if bucketed or x.shape.is_fully_defined():
+            signature = (self.group_key, self.chain, op.__name__,
+                         shape if bucketed else tuple(x.shape.as_list()), x.dtype.name,
+                         tuple(sorted(attrs.items())))
+            key = _static_key(signature)
+            if bucketed:
+                key = key + index
             group, x = self.group_key, _after_mark(x, watchdog.started,
                                                    "sparseflow_collective_started")
         else:
             group, key = self._id(after=x)
         out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
                  ordering_token=[], timeout_seconds=0.0, **attrs)
-        return _after_mark(out, watchdog.finished, "sparseflow_collective_finished")
+        out = _after_mark(out, watchdog.finished, "sparseflow_collective_finished")
+        return out if width is None else out[:, :width]
+
+
+def _rung_shaped(x: tf.Tensor) -> bool:
+    """Whether ``x`` is an exchange's buffer: ``[world_size, m, ...]``, every size but
+    ``m``'s known."""
+    dims = x.shape.as_list() if x.shape.rank is not None else None
+    return (dims is not None and len(dims) >= 2
+            and all(d is not None for i, d in enumerate(dims) if i != 1))
+
+
+def _to_rung(x: tf.Tensor):
+    """``x`` ``[n, m, ...]`` padded with zeros along ``m`` to its rung: ``(padded, the
+    rung's index (int or int32 tensor), m (int or int32 tensor))``."""
+    width = x.shape[1] if x.shape[1] is not None else tf.shape(x)[1]
+    rung, index = width_buckets.rounded_width(width)
+    if isinstance(rung, int) and rung == width:
+        return x, index, width
+    padding = [[0, 0], [0, rung - width]] + [[0, 0]] * (x.shape.rank - 2)
+    padded = tf.pad(x, padding)
+    if isinstance(rung, int):
+        padded = tf.ensure_shape(padded, [x.shape[0], rung] + x.shape.as_list()[2:])
+    return padded, index, width
 
 
 def _static_key(signature: tuple) -> int:
-    """The instance key of a static-shaped CountedExchange collective of ``signature``: a
-    hash of it in ``[STATIC_KEY_BASE, INT32_MAX)``.
+    """The first instance key of the region of a CountedExchange collective of
+    ``signature``: keys ``[key, key + width_buckets.N_RUNGS)``, in
+    ``[STATIC_KEY_BASE, INT32_MAX)``, from a hash of the signature.
 
-    Raises:
-      RuntimeError: another signature of this process has the same key (about one chance
-        in 10^8 for a handful of signatures), which TensorFlow would refuse for its shape.
+    Two signatures of this process whose hashes fall on one region are told apart by
+    hashing the later one again (salted): the same on every rank that built the same
+    signatures.
     """
-    digest = hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
-    key = STATIC_KEY_BASE + int.from_bytes(digest, "little") % (INT32_MAX - STATIC_KEY_BASE)
+    n_regions = (INT32_MAX - STATIC_KEY_BASE) // width_buckets.N_RUNGS
     with _STATIC_LOCK:
-        other = _STATIC_KEYS.setdefault(key, signature)
-    if other != signature:
-        raise RuntimeError(f"Two collectives of different signatures share the instance key "
-                           f"{key}: {other} and {signature}. Change either's shape.")
-    return key
+        for salt in itertools.count():
+            digest = hashlib.blake2b(repr((salt, signature)).encode(), digest_size=8).digest()
+            key = (STATIC_KEY_BASE
+                   + int.from_bytes(digest, "little") % n_regions * width_buckets.N_RUNGS)
+            if _STATIC_KEYS.setdefault(key, signature) == signature:
+                return key
 
 
 def _after_mark(x: tf.Tensor, mark, name: str) -> tf.Tensor:

@@ -21,6 +21,7 @@ def main(index: int, ports: list[int]) -> None:
 
     from sparseflow.distributed.exchange import Exchange
     from sparseflow.distributed.sharding import PAD_KEY, bucket_keys, owner_of
+    from sparseflow.distributed.width_buckets import rounded_width
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -56,7 +57,10 @@ def main(index: int, ports: list[int]) -> None:
         received, counts = received.numpy(), counts.numpy()
         assert int(most) == max(stamps), (step, int(most), stamps)
         widths = [bucket_keys(keys_of(step, r), W).width for r in range(W)]
-        assert received.shape[1] == max(widths), (step, received.shape, widths)
+        # The widest batch's width, rounded up to its rung.
+        rung, _ = rounded_width(max(widths))
+        assert rung >= max(widths)
+        assert received.shape[1] == rung, (step, received.shape, widths)
         for r in range(W):   # every key I received is mine, after the sender's real count
             mine = received[r, :counts[r]]
             assert (owner_of(mine, W) == index).all(), (step, r, mine)
