@@ -24,10 +24,13 @@ numbers. State lives outside TF variables; the Embedding is a ``tf.Module`` that
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
 from sparseflow.checkpoint import table_state
+from sparseflow.distributed import op_chains
 from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.ops import batch_kernels as bk
 from sparseflow.optimizers.base import apply_by_optimizer
@@ -59,6 +62,16 @@ class _Feature:
         self.max_len = config.max_sequence_length
 
 
+def _in_own_chain(method):
+    """Builds ``method``'s stateful ops in the Embedding's own op chain (``op_chains``)."""
+    @functools.wraps(method)
+    def in_chain(self, *args, **kwargs):
+        with op_chains.chain(self._chain):
+            return method(self, *args, **kwargs)
+
+    return in_chain
+
+
 class Embedding(tf.Module):
     """Sparse embedding tables for TF2 training loops (TPUEmbedding's mid-level API).
 
@@ -86,6 +99,9 @@ class Embedding(tf.Module):
         from sparseflow.tf2.sharding import Tf2Sharding
         sharding = Tf2Sharding.for_process("sparseflow.tf2.Embedding")
         super().__init__(name=name)
+        # Its stateful ops keep their order among themselves only, so that several
+        # Embeddings' (Keras layers') key processing and exchanges run side by side.
+        self._chain = op_chains.unique_name(self.name)
         if optimizer is not None and not isinstance(optimizer, OPTIMIZERS):
             fail("optimizer", "None or one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL",
                  optimizer, TypeError)
@@ -135,7 +151,8 @@ class Embedding(tf.Module):
         self._dequeued = None
         # Over several ranks: the routing of keys to their owners (None in one process).
         self._sharding = self._no_dependency(
-            sharding.bind(self._tables, [f.table_index for f in self._features])
+            sharding.bind(self._tables, [f.table_index for f in self._features],
+                          self._chain)
             if sharding is not None else None)
 
     @staticmethod
@@ -186,6 +203,7 @@ class Embedding(tf.Module):
 
     # -- 1. key processing ---------------------------------------------------------------
 
+    @_in_own_chain
     def preprocess(self, features, training: bool = True, timestamp=None) -> dict:
         """The key processing of one batch of raw ids, as a ``tf.data`` map function.
 
@@ -405,6 +423,7 @@ class Embedding(tf.Module):
         self._dequeued = (batch, training)
         return tf.nest.pack_sequence_as(self._feature_config, activations)
 
+    @_in_own_chain
     def activations(self, batch: dict, training: bool) -> list:
         """The activations of a processed batch, flat in feature order (what
         :meth:`dequeue` returns, unstructured): one numpy gather for every feature (one
@@ -497,6 +516,7 @@ class Embedding(tf.Module):
                      f"TableConfig or the Embedding)", None)
         self.update(batch, self._flatten(gradients))
 
+    @_in_own_chain
     def update(self, batch: dict, gradients: list) -> tf.Tensor:
         """Applies ``gradients`` (flat in feature order, None allowed) of a processed
         training batch's activations (what :meth:`apply_gradients` does, unstructured):
