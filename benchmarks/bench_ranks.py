@@ -141,11 +141,12 @@ def main() -> None:
         "(the all-to-alls, the owner-side key processing, a second process), not scaling. "
         "Bytes: counts with the width agreement, keys with their weights, rows (with a has-row "
         "flag in the Session face) and gradients to the other rank, padded to the agreed "
-        "width, plus a ring all-reduce's share of the dense gradients. The Keras face "
-        "exchanges each layer's table on its own (26 tables: 26 times the collectives of "
-        "one `tf2.Embedding` step, each a loopback round trip), so its 2-rank step is bound "
-        "by the collectives' latency, not by bytes; one `tf2.Embedding` holding the tables "
-        "sends the same bytes in one exchange.", "",
+        "width rounded up to its rung (`distributed/width_buckets.py`: at most 9% more), "
+        "plus a ring all-reduce's share of the dense gradients. The Keras face exchanges "
+        "each layer's table on its own (26 tables: 26 times the collectives of one "
+        "`tf2.Embedding` step), each layer in an op chain of its own, so the 26 exchanges "
+        "run side by side, as they do in the exchange-alone run; one `tf2.Embedding` "
+        "holding the tables sends about the same bytes in one exchange.", "",
         "**Projection to 8, 32 and 100 ranks.** Every face routes keys with one router and "
         "exchanges the same buffers as YAML jobs (which run on this layer), so the "
         "multi-worker section's projection (bytes from routing real generated batches for N "
