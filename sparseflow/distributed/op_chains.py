@@ -70,7 +70,9 @@ def _safe(name: str) -> str:
 
 def chain_of(op) -> tf.Tensor | None:
     """The token of the chain ``op`` belongs to, or None."""
-    return graph_cache(op.graph, _OPS).get(op.name)
+    # Read without graph_cache, which would add an empty table to every graph traced.
+    members = getattr(op.graph, f"_sparseflow_{_OPS}", None)
+    return None if members is None else members.get(op.name)
 
 
 @auto_control_deps.register_acd_resource_resolver
