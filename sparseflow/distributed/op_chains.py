@@ -70,8 +70,8 @@ def _safe(name: str) -> str:
 
 def chain_of(op) -> tf.Tensor | None:
     """The token of the chain ``op`` belongs to, or None."""
-    # Read without graph_cache, which would add an empty table to every graph traced.
-    members = getattr(op.graph, f"_sparseflow_{_OPS}", None)
+    # Not created here: the resolver sees every op of every function traced.
+    members = graph_cache(op.graph, _OPS, create=False)
     return None if members is None else members.get(op.name)
 
 
