@@ -46,6 +46,43 @@ def test_a_chain_keeps_program_order_within_itself_and_none_with_other_ops():
                                     "free": []}
 
 
+def test_a_cond_or_a_loop_is_ordered_with_every_chain_and_other_ops_keep_their_order():
+    """Ops that run function bodies (a cond, a loop) are barriers between a graph's chains:
+    the chains' ops inside them are not ordered with those outside. Stateful ops outside
+    any chain keep their program order among themselves."""
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.bool)])
+    def step(x, flag):
+        with op_chains.chain("a"):
+            a1 = tf.numpy_function(_identity, [x], tf.float32, name="a1")
+        free1 = tf.numpy_function(_identity, [x], tf.float32, name="free1")
+
+        def in_chain():
+            with op_chains.chain("a"):
+                return tf.ensure_shape(
+                    tf.numpy_function(_identity, [x], tf.float32, name="inner"), [])
+
+        branch = tf.cond(flag, in_chain, lambda: x, name="branch")
+        looped = tf.while_loop(lambda i, y: i < 2, lambda i, y: (i + 1, in_chain()),
+                               [tf.constant(0), x], name="loop")[1]
+        with op_chains.chain("a"):
+            a2 = tf.numpy_function(_identity, [x], tf.float32, name="a2")
+        with op_chains.chain("b"):
+            b1 = tf.numpy_function(_identity, [x], tf.float32, name="b1")
+        free2 = tf.numpy_function(_identity, [x], tf.float32, name="free2")
+        return a1, free1, branch, looped, a2, b1, free2
+
+    graph = step.get_concrete_function().graph
+    ops = {op.name: op for op in graph.get_operations()}
+    inputs = {name: {c.name for c in op.control_inputs} for name, op in ops.items()}
+    cond = next(name for name, op in ops.items() if op.type in ("If", "StatelessIf"))
+    loop = next(name for name, op in ops.items() if op.type in ("While", "StatelessWhile"))
+    assert "a1" in inputs[cond] and "free1" in inputs[cond]   # after chain a and the rest
+    assert cond in inputs[loop]
+    assert loop in inputs["a2"] and loop in inputs["b1"] and loop in inputs["free2"]
+    assert inputs["free1"] == set() and "a1" not in inputs["free1"]
+    assert "a2" not in inputs["b1"]                             # two chains: no order
+
+
 def test_two_chains_run_at_the_same_time():
     """Chain a's first op waits for chain b's to run: in program order it never would (it
     gives up after 20 s and reports it)."""
