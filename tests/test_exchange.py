@@ -132,49 +132,51 @@ def test_run_keyed_collectives_keep_one_key_per_shape_and_width_rung(monkeypatch
     assert width_buckets.RUNGS[width_buckets.rung_of(17)] == 18
 
 
-def _key_of(out):
-    """The instance key of the CountedExchange collective behind ``out``: an int, or the
-    type of the op that computes it."""
+def _ids_of(out):
+    """``(group key, instance key)`` of the CountedExchange collective behind ``out``: ints,
+    or for a key computed at run time the type of the op that computes it."""
+    import tensorflow as tf
+
     op = out.op
     while op.type in ("Identity", "StridedSlice"):   # the watchdog's mark, the cut back
         op = op.inputs[0].op
-    import tensorflow as tf
+    ids = []
+    for tensor in (op.inputs[2], op.inputs[3]):
+        value = tf.get_static_value(tensor)
+        ids.append(int(value) if value is not None else tensor.op.type)
+    return tuple(ids)
 
-    value = tf.get_static_value(op.inputs[3])
-    return int(value) if value is not None else op.inputs[3].op.type
+
+ALL_TO_ALL_SIGNATURE = (1010, None, "collective_all_to_all_v2", (2, None, 4), "float32",
+                        (("communication_hint", "auto"),))
 
 
-def test_counted_collectives_of_a_static_shape_keep_one_key_per_signature():
-    """A TF2 collective whose input has a static shape keeps one instance key per signature
-    (its group, chain, op, shape, dtype and attributes), a hash above the counted keys, the
-    same whatever exchanges a rank built before it."""
+def test_counted_collectives_keep_one_group_per_signature():
+    """A TF2 collective of a static shape gets the group of its signature (its exchange's
+    group, op chain, op, shape, dtype and attributes), a hash far above the other groups,
+    the same whatever exchanges a rank built before it, and instance key 1."""
     import tensorflow as tf
 
     from sparseflow.distributed import exchange as exchange_module
-    from sparseflow.distributed import width_buckets
 
     first = exchange_module.CountedExchange(2, 5.0, 1010)
     second = exchange_module.CountedExchange(2, 5.0, 1010)
     other_group = exchange_module.CountedExchange(2, 5.0, 1011)
-    other_chain = exchange_module.CountedExchange(2, 5.0, 1010, chain="layer_2")
-    keys = {}
+    ids = {}
     with tf.Graph().as_default():
-        keys["reduce"] = _key_of(first.reduce(tf.zeros([2], tf.int64), "Max"))
-        keys["reduce again"] = _key_of(first.reduce(tf.ones([2], tf.int64), "Max"))
-        keys["min"] = _key_of(first.reduce(tf.zeros([2], tf.int64), "Min"))
-        keys["other shape"] = _key_of(first.reduce(tf.zeros([3], tf.int64), "Max"))
-        keys["other exchange"] = _key_of(second.reduce(tf.zeros([2], tf.int64), "Max"))
-        keys["other group"] = _key_of(other_group.reduce(tf.zeros([2], tf.int64), "Max"))
-        keys["other chain"] = _key_of(other_chain.reduce(tf.zeros([2], tf.int64), "Max"))
-    static = [keys[k] for k in ("reduce", "min", "other shape", "other group",
-                                "other chain")]
-    assert all(exchange_module.STATIC_KEY_BASE <= k < 2**31 - 1 - width_buckets.N_RUNGS
-               for k in static)
-    # Each signature a region of its own: no two regions overlap.
-    assert len({k // width_buckets.N_RUNGS for k in static}) == 5
-    assert keys["reduce again"] == keys["other exchange"] == keys["reduce"]
+        ids["reduce"] = _ids_of(first.reduce(tf.zeros([2], tf.int64), "Max"))
+        ids["reduce again"] = _ids_of(first.reduce(tf.ones([2], tf.int64), "Max"))
+        ids["min"] = _ids_of(first.reduce(tf.zeros([2], tf.int64), "Min"))
+        ids["other shape"] = _ids_of(first.reduce(tf.zeros([3], tf.int64), "Max"))
+        ids["other exchange"] = _ids_of(second.reduce(tf.zeros([2], tf.int64), "Max"))
+        ids["other group"] = _ids_of(other_group.reduce(tf.zeros([2], tf.int64), "Max"))
+    groups = [ids[k][0] for k in ("reduce", "min", "other shape", "other group")]
+    assert all(exchange_module.SIGNATURE_GROUP_BASE <= g < 2**31 - 1 for g in groups)
+    assert len(set(groups)) == 4
+    assert ids["reduce again"] == ids["other exchange"] == ids["reduce"]
+    assert {key for _, key in ids.values()} == {exchange_module.FIXED_INSTANCE_KEY}
     # Fixed by the signature alone, not by what the process built before: another process
-    # that first builds other collectives (a rank with an extra exchange) gets the same key.
+    # that first builds other collectives (a rank with an extra exchange) gets the same group.
     import subprocess
     import sys
     import textwrap
@@ -188,63 +190,110 @@ def test_counted_collectives_of_a_static_shape_keep_one_key_per_signature():
             op = out.op
             while op.type == "Identity":
                 op = op.inputs[0].op
-            print("KEY", int(tf.get_static_value(op.inputs[3])))
+            print("GROUP", int(tf.get_static_value(op.inputs[2])))
     """)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=120)
-    assert f"KEY {keys['reduce']}" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert f"GROUP {ids['reduce'][0]}" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def test_counted_exchange_buffers_keep_one_key_per_width_rung():
-    """An exchange buffer ``[n, m, ...]`` whose width varies, in a ``tf.function`` or run
-    eagerly with a new width each time, is padded to its width's rung: one key per rung in
-    its signature's region, the output cut back to the width; no counter is taken."""
+    """An exchange buffer ``[n, m, ...]``, in a ``tf.function`` with a width known only at
+    run time or run eagerly with a new width each time, is padded to its width's rung: one
+    group for every width, instance key 2 + the rung's index, the output cut back to the
+    width; no counter is taken."""
     import numpy as np
     import tensorflow as tf
 
     from sparseflow.distributed import exchange as exchange_module
     from sparseflow.distributed import width_buckets
 
-    ex = exchange_module.CountedExchange(2, 5.0, 1010, chain="buffers")
+    ex = exchange_module.CountedExchange(2, 5.0, 1010)
+    group = exchange_module._signature_group(ALL_TO_ALL_SIGNATURE)
     with tf.Graph().as_default():
         buffer = tf.compat.v1.placeholder(tf.float32, [2, None, 4])
         out = ex.all_to_all(buffer)
         assert out.op.type == "StridedSlice"
+        got_group, key = _ids_of(out)
+        assert got_group == group and key == "AddV2"   # 2 + the rung's index, in the graph
         collective = out.op.inputs[0].op
         while collective.type == "Identity":
             collective = collective.inputs[0].op
-        key = collective.inputs[3]
-        region = exchange_module._static_key(
-            (1010, "buffers", "collective_all_to_all_v2", (2, None, 4), "float32",
-             (("communication_hint", "auto"),)))
         with tf.compat.v1.Session() as sess:
             for width in (0, 3, 17, 300):
-                assert sess.run(key, {buffer: np.zeros([2, width, 4])}) == (
-                    region + width_buckets.rung_of(width))
-    # Eagerly each width is static: a new width must not make a new signature.
-    before = dict(exchange_module._STATIC_KEYS)
-    with tf.Graph().as_default():
-        for width in (3, 4, 5, 17):
-            exchange_module._to_rung(tf.zeros([2, width, 4]))
-        padded, index, width = exchange_module._to_rung(tf.zeros([2, 17, 4]))
-        assert padded.shape.as_list() == [2, 18, 4] and width == 17
-        assert index == width_buckets.rung_of(17)
-    assert exchange_module._STATIC_KEYS == before
+                got_key, padded = sess.run([collective.inputs[3], collective.inputs[0]],
+                                           {buffer: np.ones([2, width, 4])})
+                rung = width_buckets.rung_of(width)
+                assert got_key == exchange_module.FIRST_RUNG_KEY + rung
+                assert padded.shape == (2, width_buckets.RUNGS[rung], 4)
+                assert padded[:, :width].all() and not padded[:, width:].any()
+        assert out.shape.as_list() == [2, None, 4]
+    # Eagerly every width is static: each is padded to its rung, under one signature.
+    calls = []
+
+    def fake_all_to_all(**kwargs):
+        calls.append((kwargs["group_key"], kwargs["instance_key"], kwargs["input"].shape))
+        return kwargs["input"]
+
+    fake_all_to_all.__name__ = "collective_all_to_all_v2"
+    signatures = len(exchange_module._SIGNATURE_GROUPS)
+    for width in (3, 4, 5, 17, 18):
+        out = ex._run(fake_all_to_all, tf.ones([2, width, 4]), communication_hint="auto")
+        assert out.shape == (2, width, 4)
+    assert len(exchange_module._SIGNATURE_GROUPS) == signatures   # none new
+    assert calls == [(group, exchange_module.FIRST_RUNG_KEY + width_buckets.rung_of(w),
+                      (2, int(width_buckets.RUNGS[width_buckets.rung_of(w)]), 4))
+                     for w in (3, 4, 5, 17, 18)]
+    assert calls[-2][2][1] == calls[-1][2][1] == 18   # 17 pads to the rung 18
 
 
-def test_two_signatures_hashing_to_one_region_are_told_apart(monkeypatch):
-    """A signature whose hash falls on another's region is hashed again (salted): both get
-    regions of their own, the same in every process that built the same signatures."""
+def test_collectives_of_other_op_chains_get_other_groups_numbered_per_graph():
+    """In a ``tf.function``, the same collective built in two op chains gets two groups
+    (the chains' collectives may run at once); chains are numbered in the order first
+    opened in their graph, whatever their names, so every rank that traces the same
+    function agrees. A counted key is refused in a chain."""
+    import pytest
+    import tensorflow as tf
+
     from sparseflow.distributed import exchange as exchange_module
-    from sparseflow.distributed import width_buckets
+    from sparseflow.distributed import op_chains
 
-    signature = (1010, "", "CollectiveReduceV2", (3,), "int32", ())
-    key = exchange_module._static_key(signature)
-    assert exchange_module._static_key(signature) == key   # the same signature again: fine
-    other = (1010, "", "Other", (5,), "int32", ())
-    monkeypatch.setitem(exchange_module._STATIC_KEYS, key, other)
-    moved = exchange_module._static_key(signature)
-    assert moved != key
-    assert (moved - exchange_module.STATIC_KEY_BASE) % width_buckets.N_RUNGS == 0
-    assert exchange_module._STATIC_KEYS[key] == other
-    assert exchange_module._STATIC_KEYS[moved] == signature
+    ex = exchange_module.CountedExchange(2, 5.0, 1010)
+
+    def groups_of(names):
+        found = []
+
+        @tf.function(input_signature=[tf.TensorSpec([2, None, 4], tf.float32)])
+        def step(x):
+            for name in names:
+                with op_chains.chain(name):
+                    found.append(_ids_of(ex.all_to_all(x))[0])
+            return x
+
+        step.get_concrete_function()
+        return found
+
+    first, second = groups_of(["layer_a", "layer_b"])
+    assert first != second
+    assert groups_of(["other_x", "other_y"]) == [first, second]
+    assert groups_of(["layer_b", "layer_a"]) == [first, second]   # by order, not by name
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def counted(x):
+        with op_chains.chain("c"):
+            return ex.reduce(x, "Add")
+
+    with pytest.raises(RuntimeError, match="in an op chain"):
+        counted.get_concrete_function()
+
+
+def test_two_signatures_with_one_group_are_refused(monkeypatch):
+    from sparseflow.distributed import exchange as exchange_module
+
+    signature = (1010, None, "CollectiveReduceV2", (3,), "int32", ())
+    group = exchange_module._signature_group(signature)
+    assert exchange_module._signature_group(signature) == group   # the same again: fine
+    monkeypatch.setitem(exchange_module._SIGNATURE_GROUPS, group,
+                        (1010, None, "Other", (5,), "int32", ()))
+    with pytest.raises(RuntimeError, match=f"share the group key {group}"):
+        exchange_module._signature_group(signature)

@@ -3,8 +3,11 @@
 Built on TensorFlow's own collectives: ``tf.raw_ops.CollectiveAllToAllV2`` under a
 ``tf.distribute.MultiWorkerMirroredStrategy`` (which starts the gRPC server and the collective
 executor on every worker; see docs/design-notes.md, "Multi-worker training"). Every worker
-must make the same calls in the same order: each call takes fresh instance keys from a
-counter advanced identically everywhere.
+gives the same collective the same group and instance keys: :class:`Exchange` counts them
+in a variable, :class:`RunKeyedExchange` (graphs run by a Session) numbers its ops,
+:class:`CountedExchange` (eager code and ``tf.function``s) hashes each collective's
+signature; an exchange buffer whose width varies keeps one key per width rung
+(``width_buckets``).
 """
 
 from __future__ import annotations
@@ -140,10 +143,12 @@ class RunKeyedExchange(Exchange):
     """:class:`Exchange` for graphs whose collective ops may execute in any order (a
     ``tf.compat.v1`` graph run by a Session), needing no variable. Each collective op is a
     group of its own, numbered when it is built (the same order on every rank: every rank
-    builds the same graphs), and its instance key counts the op's runs, so every rank gives
-    the same run of the same op the same ids whatever order the ops of one step execute in,
-    and no run, of this graph or of a graph built before it, shares another's ids (TensorFlow
-    keeps a resolved instance's shapes for its ids).
+    builds the same graphs). An op of a static shape keeps instance key
+    :data:`FIXED_INSTANCE_KEY`, an all-to-all of an exchange buffer ``[N, m, ...]`` whose
+    width varies is padded to its rung and keeps key ``FIRST_RUNG_KEY + `` the rung's index
+    (the ranks share each step's id, which keeps the runs apart; TensorFlow keeps a resolved
+    instance's shape for its ids, and a rung's shape is always the same); any other op
+    counts its runs.
 
     Args:
       world_size, timeout_seconds: as :class:`Exchange`.
@@ -165,7 +170,7 @@ class RunKeyedExchange(Exchange):
         return self._groups(), _counted_key(_run_counter(1), after)
 
     def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
-        if x.shape.is_fully_defined() or not _rung_shaped(x):
+        if x.shape.is_fully_defined() or not (_is_all_to_all(op) and _rung_shaped(x)):
             return super()._run(op, x, **attrs)
         # A width that varies: padded to its rung, each rung one key of the op's group,
         # for the reason a static shape keeps one.
@@ -190,33 +195,39 @@ _COUNTED_RUNS = itertools.count(1)
 
 # CountedExchange's collectives of a static or bucketed shape: a region of keys per
 # signature, from here up; counted keys stay below.
-STATIC_KEY_BASE = 1 << 30
-_STATIC_KEYS: dict = {}   # region's first key -> signature, to tell two apart that hash alike
-_STATIC_LOCK = threading.Lock()
+COUNTED_KEY_LIMIT = 1 << 30   # counted instance keys wrap below this
+# CountedExchange's collectives of a static or bucketed shape: a group per signature, a
+# hash of it from here up (far above the strategy's groups and the graph faces' numbered
+# ones).
+SIGNATURE_GROUP_BASE = 1 << 24
+_SIGNATURE_GROUPS: dict = {}   # group key -> signature, to catch two that hash alike
+_SIGNATURE_LOCK = threading.Lock()
 
 
 class CountedExchange(Exchange):
     """:class:`Exchange` for eager code and ``tf.function``s, needing no variable (a
     variable made under a distribution strategy's scope is the strategy's).
 
-    Every collective of a buffer ``[world_size, m, ...]`` (what an exchange sends) is
-    padded along ``m`` to its rung (``width_buckets``) and keeps one instance key per
-    rung; any other collective of a static shape (a barrier) keeps one key. TensorFlow
-    resolves each key once instead of asking the group's leader on every run (2-rank TF2
-    steps 42.0 -> 39.1 ms, Keras layers 184.4 -> 158.1 for the static shapes), and no
-    Python call takes a key. The keys of one signature (group, ``chain``, op, shape with
-    ``m`` left out, dtype, attributes) lie in one region: a hash of the signature, the
-    same on every rank whatever else a rank built (an exchange only one rank makes shifts
-    nothing), plus the rung's index.
+    Each all-to-all of an exchange buffer ``[world_size, m, ...]`` is padded along ``m``
+    to its rung (``width_buckets``) and keeps one instance key per rung; any other
+    collective of a static shape (a barrier) keeps one key. TensorFlow resolves each key
+    once instead of asking the group's leader on every run, and no Python call takes a
+    key. The group is a hash of the collective's signature: the exchange's group, the
+    number of the op chain it is built in (``op_chains``: chains are numbered in the order
+    first opened in their graph), the op, the shape with ``m`` left out, the dtype and the
+    attributes. The same on every rank whatever else a rank built, so an exchange only one
+    rank makes shifts nothing; two signatures of one process that hash alike are refused
+    by name (about one chance in 10^11 for a hundred signatures).
 
-    Runs of one key never meet: the collectives of one ``chain`` run in program order (a
-    ``tf.function`` runs the stateful ops of a chain so, ``op_chains``), a run ends only
-    when its peers have what it sent, and two chains' collectives, which may run at once,
-    never share a signature.
+    Runs of one key never meet: the collectives of one chain run in program order, a run
+    ends only when its peers have what it sent, two chains' collectives (which may run at
+    once) differ in signature, and an op that runs a function body (a ``tf.cond``, a loop)
+    is ordered with every chain of its graph.
 
     A collective of any other varying shape takes the next count of one process-wide
-    counter at run time as its key, which holds only for collectives that run in program
-    order with every other such one: none of sparseflow's exchanges makes one.
+    counter at run time as its instance key (in the exchange's group), which holds only
+    for collectives that run in program order with every other such one: it is refused in
+    an op chain. None of sparseflow's exchanges makes one.
 
     The collective ops carry no timeout (TensorFlow would start a thread per op run that
     sleeps out the timeout); the process's :class:`CollectiveWatchdog` enforces
@@ -224,45 +235,53 @@ class CountedExchange(Exchange):
 
     Args:
       world_size, timeout_seconds, group_key: as :class:`Exchange`.
-      chain: the name of the op chain this exchange's collectives run in (the same on
-        every rank); exchanges of different chains get different keys.
     """
 
-    def __init__(self, world_size: int, timeout_seconds: float, group_key: int,
-                 chain: str = ""):
+    def __init__(self, world_size: int, timeout_seconds: float, group_key: int):
         from sparseflow.distributed.collective_watchdog import process_watchdog
 
         self.world_size = world_size
         self.timeout_seconds = timeout_seconds
         self.group_key = group_key
-        self.chain = chain
         self._watchdog = process_watchdog(timeout_seconds) if world_size > 1 else None
 
     def _id(self, after: tf.Tensor | None = None):
         return self.group_key, _counted_key(_COUNTED_RUNS, after, self._watchdog)
 
     def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+        from sparseflow.distributed import op_chains
+
         watchdog = self._watchdog
-        bucketed = _rung_shaped(x) and (x.shape[1] is None or tf.executing_eagerly())
+        chain = op_chains.current_number()
         width = None
-        if bucketed:
+        if _is_all_to_all(op) and _rung_shaped(x):
             x, index, width = _to_rung(x)
             shape = (x.shape[0], None) + tuple(x.shape.as_list()[2:])
-        if bucketed or x.shape.is_fully_defined():
-            signature = (self.group_key, self.chain, op.__name__,
-                         shape if bucketed else tuple(x.shape.as_list()), x.dtype.name,
-                         tuple(sorted(attrs.items())))
-            key = _static_key(signature)
-            if bucketed:
-                key = key + index
-            group, x = self.group_key, _after_mark(x, watchdog.started,
-                                                   "sparseflow_collective_started")
+            key = FIRST_RUNG_KEY + index
+        elif x.shape.is_fully_defined():
+            shape = tuple(x.shape.as_list())
+            key = FIXED_INSTANCE_KEY
         else:
+            if chain is not None:
+                raise RuntimeError(
+                    f"A collective {op.__name__} of shape {x.shape} in an op chain: its "
+                    f"instance key would be counted at run time, in an order that chains "
+                    f"running side by side make different on each rank. Give it a static "
+                    f"shape, or [world_size, None, ...] for an all-to-all.")
             group, key = self._id(after=x)
+        if width is not None or x.shape.is_fully_defined():
+            group = _signature_group((self.group_key, chain, op.__name__, shape,
+                                      x.dtype.name, tuple(sorted(attrs.items()))))
+            x = _after_mark(x, watchdog.started, "sparseflow_collective_started")
         out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
                  ordering_token=[], timeout_seconds=0.0, **attrs)
         out = _after_mark(out, watchdog.finished, "sparseflow_collective_finished")
         return out if width is None else out[:, :width]
+
+
+def _is_all_to_all(op) -> bool:
+    """Whether ``op`` is ``tf.raw_ops.CollectiveAllToAllV2`` (by name: tests pass fakes)."""
+    return getattr(op, "__name__", "") == "collective_all_to_all_v2"
 
 
 def _rung_shaped(x: tf.Tensor) -> bool:
@@ -287,23 +306,23 @@ def _to_rung(x: tf.Tensor):
     return padded, index, width
 
 
-def _static_key(signature: tuple) -> int:
-    """The first instance key of the region of a CountedExchange collective of
-    ``signature``: keys ``[key, key + width_buckets.N_RUNGS)``, in
-    ``[STATIC_KEY_BASE, INT32_MAX)``, from a hash of the signature.
+def _signature_group(signature: tuple) -> int:
+    """The group key of CountedExchange collectives of ``signature``: a hash of it in
+    ``[SIGNATURE_GROUP_BASE, INT32_MAX)``.
 
-    Two signatures of this process whose hashes fall on one region are told apart by
-    hashing the later one again (salted): the same on every rank that built the same
-    signatures.
+    Raises:
+      RuntimeError: another signature of this process has the same group (about one chance
+        in 10^11 for a hundred signatures), which TensorFlow would refuse for its shape.
     """
-    n_regions = (INT32_MAX - STATIC_KEY_BASE) // width_buckets.N_RUNGS
-    with _STATIC_LOCK:
-        for salt in itertools.count():
-            digest = hashlib.blake2b(repr((salt, signature)).encode(), digest_size=8).digest()
-            key = (STATIC_KEY_BASE
-                   + int.from_bytes(digest, "little") % n_regions * width_buckets.N_RUNGS)
-            if _STATIC_KEYS.setdefault(key, signature) == signature:
-                return key
+    digest = hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
+    group = (SIGNATURE_GROUP_BASE
+             + int.from_bytes(digest, "little") % (INT32_MAX - SIGNATURE_GROUP_BASE))
+    with _SIGNATURE_LOCK:
+        other = _SIGNATURE_GROUPS.setdefault(group, signature)
+    if other != signature:
+        raise RuntimeError(f"Two collectives of different signatures share the group key "
+                           f"{group}: {other} and {signature}. Change either's shape.")
+    return group
 
 
 def _after_mark(x: tf.Tensor, mark, name: str) -> tf.Tensor:
@@ -330,7 +349,7 @@ def _counted_key(runs, after: tf.Tensor | None = None, watchdog=None) -> tf.Tens
     def next_run():
         if watchdog is not None:
             watchdog.started()
-        return np.int32(1 + (next(runs) - 1) % (STATIC_KEY_BASE - 1))
+        return np.int32(1 + (next(runs) - 1) % (COUNTED_KEY_LIMIT - 1))
 
     # A key taken on one rank in a step that another rank aborts (its data never came)
     # would put the ranks' counts of this op out of step for good.

@@ -151,8 +151,7 @@ class Embedding(tf.Module):
         self._dequeued = None
         # Over several ranks: the routing of keys to their owners (None in one process).
         self._sharding = self._no_dependency(
-            sharding.bind(self._tables, [f.table_index for f in self._features],
-                          self._chain)
+            sharding.bind(self._tables, [f.table_index for f in self._features])
             if sharding is not None else None)
 
     @staticmethod

@@ -63,28 +63,23 @@ class Tf2Sharding:
         lost_rank.watch(ranks.rank, ranks.size, collective_timeout(), TF2_GROUP_KEY + 1)
         return cls(ranks.rank, ranks.size)
 
-    def bind(self, tables: list, feature_tables: list[int],
-             chain: str = "") -> "BoundSharding":
+    def bind(self, tables: list, feature_tables: list[int]) -> "BoundSharding":
         """The routing of ``tables`` (this rank's shards), read by features whose table is
-        ``feature_tables[k]``, exchanged in op chain ``chain`` (``op_chains``; the
-        Embedding's): a :class:`BoundSharding`."""
-        return BoundSharding(self, tables, feature_tables, chain)
+        ``feature_tables[k]``: a :class:`BoundSharding`."""
+        return BoundSharding(self, tables, feature_tables)
 
 
 class BoundSharding:
     """One Embedding's tables among the ranks (see the module docstring)."""
 
-    def __init__(self, sharding: Tf2Sharding, tables: list, feature_tables: list[int],
-                 chain: str = ""):
+    def __init__(self, sharding: Tf2Sharding, tables: list, feature_tables: list[int]):
         self.rank, self.world_size = sharding.rank, sharding.world_size
         self.tables = tables
         self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
                                 sharding.world_size)
         from sparseflow.distributed.graph_world import collective_timeout
-        # Its collectives' keys are apart from other chains', whose collectives may run
-        # at the same time.
         self.exchange = CountedExchange(sharding.world_size, collective_timeout(),
-                                        TF2_GROUP_KEY, chain)
+                                        TF2_GROUP_KEY)
 
     def route(self, timestamp: tf.Tensor, ids: list, stamped: bool) -> dict:
         """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what

@@ -6,6 +6,7 @@ to their owners with sparseflow.distributed.Exchange, and reads back what the ow
 """
 
 import json
+import math
 import os
 import sys
 
@@ -21,7 +22,6 @@ def main(index: int, ports: list[int]) -> None:
 
     from sparseflow.distributed.exchange import Exchange
     from sparseflow.distributed.sharding import PAD_KEY, bucket_keys, owner_of
-    from sparseflow.distributed.width_buckets import rounded_width
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -57,9 +57,10 @@ def main(index: int, ports: list[int]) -> None:
         received, counts = received.numpy(), counts.numpy()
         assert int(most) == max(stamps), (step, int(most), stamps)
         widths = [bucket_keys(keys_of(step, r), W).width for r in range(W)]
-        # The widest batch's width, rounded up to its rung.
-        rung, _ = rounded_width(max(widths))
-        assert rung >= max(widths)
+        # The widest batch's width, rounded up to the smallest ceil(2^(k/8)) >= it.
+        widest = max(widths)
+        rung = next(r for r in (0, *(math.ceil(2 ** (k / 8)) for k in range(300)))
+                    if r >= widest)
         assert received.shape[1] == rung, (step, received.shape, widths)
         for r in range(W):   # every key I received is mine, after the sender's real count
             mine = received[r, :counts[r]]
