@@ -193,8 +193,6 @@ _run_counter = itertools.count
 # The instance keys of CountedExchange: one counter for every exchange of the process.
 _COUNTED_RUNS = itertools.count(1)
 
-# CountedExchange's collectives of a static or bucketed shape: a region of keys per
-# signature, from here up; counted keys stay below.
 COUNTED_KEY_LIMIT = 1 << 30   # counted instance keys wrap below this
 # CountedExchange's collectives of a static or bucketed shape: a group per signature, a
 # hash of it from here up (far above the strategy's groups and the graph faces' numbered
@@ -268,15 +266,19 @@ class CountedExchange(Exchange):
                     f"instance key would be counted at run time, in an order that chains "
                     f"running side by side make different on each rank. Give it a static "
                     f"shape, or [world_size, None, ...] for an all-to-all.")
-            group, key = self._id(after=x)
-        if width is not None or x.shape.is_fully_defined():
-            group = _signature_group((self.group_key, chain, op.__name__, shape,
-                                      x.dtype.name, tuple(sorted(attrs.items()))))
-            x = _after_mark(x, watchdog.started, "sparseflow_collective_started")
+            return self._collective(op, x, *self._id(after=x), **attrs)
+        group = _signature_group((self.group_key, chain, op.__name__, shape, x.dtype.name,
+                                  tuple(sorted(attrs.items()))))
+        out = self._collective(op, _after_mark(x, watchdog.started,
+                                               "sparseflow_collective_started"),
+                               group, key, **attrs)
+        return out if width is None else out[:, :width]
+
+    def _collective(self, op, x: tf.Tensor, group, key, **attrs) -> tf.Tensor:
+        """``op`` of ``x`` with these ids, no timeout, the watchdog told when it ends."""
         out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
                  ordering_token=[], timeout_seconds=0.0, **attrs)
-        out = _after_mark(out, watchdog.finished, "sparseflow_collective_finished")
-        return out if width is None else out[:, :width]
+        return _after_mark(out, self._watchdog.finished, "sparseflow_collective_finished")
 
 
 def _is_all_to_all(op) -> bool:

@@ -198,18 +198,18 @@ def _build(rt, batch: dict, plan) -> dict:
     # "local embeddings" a by-address optimizer differentiates w.r.t.
     bounds = _table_bounds(batch, plan)
     per_table = {}
-    for table, (start, end) in zip(ex.router.tables, bounds):
-        if ex.train and table.expands:
-            per_table[table.table_name] = tf.ensure_shape(unique[start:end, :table.dim],
-                                                          [None, table.dim])
     if ex.train:
+        per_table = {table.table_name: tf.ensure_shape(unique[start:end, :table.dim],
+                                                       [None, table.dim])
+                     for table, (start, end) in zip(ex.router.tables, bounds)
+                     if table.expands}
         _add_local_embeddings(ex, bounds, per_table)
     tables = {table.table_name: (t, table) for t, table in enumerate(ex.router.tables)}
     specs = [s for group in plan.tables.values() for s in group]
     out = {}
     for spec, piece in zip(specs, _spec_indices(batch, plan)):
         t, table = tables[spec.table_name]
-        if table.expands and ex.train:
+        if spec.table_name in per_table:
             # Through the table's local embeddings, which its optimizer differentiates.
             rows = tf.gather(per_table[spec.table_name], piece - bounds[t][0])
         else:
