@@ -507,7 +507,7 @@ def test_lay_out_keys_puts_each_table_after_the_previous_in_its_owners_row(n, si
         seen[o] += 1
 
 
-def test_scatter_rows_and_sum_entries_against_numpy():
+def test_scatter_rows_mark_owned_and_sum_entries_against_numpy():
     rng = np.random.default_rng(3)
     storage = rng.normal(size=(10, 6)).astype(np.float32)          # weights | a slot
     rows = np.array([4, -1, 7], np.int32)
@@ -520,6 +520,11 @@ def test_scatter_rows_and_sum_entries_against_numpy():
         want = np.zeros(3, np.float32) if r < 0 else storage[r, :3]
         np.testing.assert_array_equal(reply[e, :3], want)
         np.testing.assert_array_equal(reply[e, 3:], 7.0)   # past dim: untouched
+    shard_kernels.mark_owned(rows, restore, entries, 4, reply)
+    want_flags = np.full(12, 7.0, np.float32)
+    want_flags[entries] = rows[restore] >= 0
+    np.testing.assert_array_equal(reply[:, 4], want_flags)
+    np.testing.assert_array_equal(reply[entries, 3], 7.0)   # other columns: untouched
     grads = rng.normal(size=(12, 5)).astype(np.float32)
     out = np.zeros((3, 3), np.float32)
     shard_kernels.sum_entries(grads, entries, restore, 3, out)
@@ -628,3 +633,29 @@ def test_create_table_keeps_all2all_gradients_op_and_checks_it():
                              ).all2all_gradients_op == "sum_gradients"
     with pytest.raises(ValueError, match="all2all_gradients_op"):
         make_table_config(tf.int64, 4, "t", tf.zeros_initializer(), all2all_gradients_op="mean")
+
+
+def test_gathers_has_row_flag_column_marks_the_entries_whose_key_owns_a_row():
+    """With ``flags`` the reply's last column is 1.0 at every entry whose key owns a row and
+    0.0 elsewhere (keys not admitted, padding), next to the entry's embedding (numpy
+    reference: the processor's rows of the received keys)."""
+    router = make_router(2, threshold=2)
+    # Worker 0 sends keys 10 (weight 1) and 12 (weight 2) of the wide table and 7 (weight
+    # 2) of the narrow one; worker 1 sends 10 again (now weight 2 in all: admitted), 11
+    # (weight 1: not admitted) and padding.
+    received = np.array([[[10, 1], [12, 2], [7, 2]],
+                         [[10, 1], [11, 1], [PAD_KEY, 0]]], np.int64)
+    counts = np.array([[2, 1], [2, 0]], np.int32)   # [sender, table]
+    token = router.process(received, counts, None, True)
+    reply = router.gather(token, flags=True)
+    assert reply.shape == (2, 3, max(d for _, d in TABLES) + 1)
+    flags = reply[..., -1]
+    np.testing.assert_array_equal(flags, [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert router.tables[0].processor.lookup(np.array([11], np.int64))[0] == -1
+    np.testing.assert_array_equal(reply[1, 1:, :-1], 0.0)
+    for (s, j), key, table in (((0, 0), 10, 0), ((0, 1), 12, 0), ((0, 2), 7, 1),
+                               ((1, 0), 10, 0)):
+        shard = router.tables[table]
+        row = shard.processor.lookup(np.array([key], np.int64))[0]
+        assert row >= 0
+        np.testing.assert_array_equal(reply[s, j, :shard.dim], shard.rows.gather([row])[0])

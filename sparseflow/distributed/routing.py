@@ -244,7 +244,8 @@ class KeyRouter:
         reply = np.zeros((pending.n * pending.m, width), np.float32)
         for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
             if flags:
-                reply[entries, self.max_dim] = result.rows[result.restore] >= 0
+                shard_kernels.mark_owned(result.rows, result.restore, entries, self.max_dim,
+                                         reply)
             if table.rows_on == "device":   # read by TF ops (BatchExchange)
                 if not (pending.train and keep):
                     table.release_batch(result.seq, drain=True)

@@ -106,6 +106,14 @@ def scatter_rows(storage, rows, restore, entries, dim, reply):
 
 
 @numba.njit(**_JIT)
+def mark_owned(rows, restore, entries, column, reply):
+    """reply[entries[i], column] = 1.0 where the entry's key owns a row (``rows[restore[i]]
+    >= 0``), else 0.0: the has-row flag of each received entry."""
+    for i in range(entries.shape[0]):
+        reply[entries[i], column] = np.float32(1.0) if rows[restore[i]] >= 0 else np.float32(0.0)
+
+
+@numba.njit(**_JIT)
 def sum_entries(grads, entries, restore, dim, out):
     """out[restore[i], :] += grads[entries[i], :dim]: each key's gradient summed over its
     received entries (so over workers); ``out`` float32 ``[U, dim]``, zeroed first."""
