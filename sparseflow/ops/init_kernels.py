@@ -78,33 +78,126 @@ _C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
 _D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
       3.754408661907416e+00)
 _P_LOW = 0.02425
+_P_HIGH = 1.0 - _P_LOW
 # Phi(-2) and Phi(2): TF's truncated normal keeps standard draws in (-2, 2); drawing u uniformly
 # between these and inverting gives exactly that conditional distribution, with no rejection.
 _PHI_MINUS_2 = 0.022750131948179195
 _PHI_PLUS_2 = 0.9772498680518208
 
 
+# The quantile is split in its two regions so that the fill loop can evaluate the central one
+# for every value without a branch (it vectorises) and redo only the few values in the tails.
+# Each keeps the exact float64 operations of Acklam's scalar formula, so a value does not depend
+# on which loop computed it.
 @numba.njit(nogil=True, cache=True, inline="always")
-def _ndtri(u):
-    """Standard normal quantile of u in (0, 1) (Acklam)."""
-    if u < _P_LOW:
-        q = np.sqrt(-2.0 * np.log(u))
-        return ((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
-                / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
-    if u > 1.0 - _P_LOW:
-        q = np.sqrt(-2.0 * np.log(1.0 - u))
-        return -((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
-                 / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
+def _ndtri_central(u):
+    """Standard normal quantile of u in [_P_LOW, _P_HIGH] (Acklam's central rational).
+
+    Branch-free. Outside that range it is finite (its denominator is > 0 on all of [0, 1]) but not
+    the quantile: callers redo those u with :func:`_ndtri_tail`."""
     q = u - 0.5
     r = q * q
     return (((((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q)
             / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0))
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _ndtri_tail(u):
+    """Standard normal quantile of u in (0, _P_LOW) or (_P_HIGH, 1) (Acklam's tail rational).
+
+    The lower and upper tail are one formula applied to u or 1 - u, negated for the upper one; they
+    are selected rather than branched on (which tail a value is in is a coin flip)."""
+    low = u < _P_LOW
+    q = np.sqrt(-2.0 * np.log(u if low else 1.0 - u))
+    z = ((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
+         / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
+    return z if low else -z
+
+
 @numba.njit(nogil=True, cache=True)
 def key_base(seed, key):
     """Per-key stream base for ``seed`` and ``key`` (both uint64). Exposed for tests."""
     return _mix64(_mix64(seed ^ _SEED_SALT) ^ key)
+
+
+# Values per block of the inverse-CDF fill: its scratch (~29 KiB) stays in L1 and the vectorised
+# loop gets long runs whatever the dim.
+_BLOCK_VALUES = 1024
+
+
+# error_model="numpy": no ZeroDivisionError check on each float division (that branch keeps the
+# loop from vectorising). None of these denominators can be 0: the central one is >= 1.1e-4 on
+# [_P_LOW, _P_HIGH] (and > 0 on [0, 1]), the tails' are >= 1.
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _fill_inverse_cdf(storage, rows, keys, seed_mixed, u_low, u_width, a, b, dim, slot_values):
+    """:func:`fill_rows` for the normal kinds: value c of a key is ``a + b * ndtri(u_c)`` with
+    ``u_c = u_low + u_width * (unit(draw c) + 2^-53)``.
+
+    Works on blocks of rows, flattened so that one branch-free loop (splitmix, u and the central
+    rational) runs over up to _BLOCK_VALUES values and vectorises. That loop writes the central
+    formula for every value and flags those in the tails (~5 % of the values for normal, ~0.3 %
+    for truncated normal); the flagged ones are then gathered (skipping 8 flags at a time) and
+    recomputed with the tail formula, and the block is copied into its rows.
+    """
+    n = rows.shape[0]
+    n_slots = slot_values.shape[0]
+    block_rows = max(1, _BLOCK_VALUES // max(dim, 1))
+    size = block_rows * dim
+    # Offset of draw c from the key's base: splitmix64's state after c + 1 steps of GOLDEN.
+    steps = np.empty(dim, np.uint64)
+    step = np.uint64(0)
+    for j in range(dim):
+        step += _GOLDEN
+        steps[j] = step
+    states = np.empty(size, np.uint64)
+    us = np.empty(size, np.float64)
+    values = np.empty(size, np.float32)
+    tails = np.empty(size, np.intp)
+    # One byte per value, read 8 at a time as a uint64 word (padding bytes stay 0).
+    flags = np.zeros((size + 7) & ~7, np.uint8)
+    flag_words = flags.view(np.uint64)
+    for first in range(0, n, block_rows):
+        last = min(first + block_rows, n)
+        m = (last - first) * dim
+        k = 0
+        for i in range(first, last):
+            base = _mix64(seed_mixed ^ keys[i])
+            for j in range(dim):
+                states[k + j] = base + steps[j]
+            k += dim
+        n_tail = 0
+        for k in range(m):
+            # +2^-53 keeps u above 0, so the lower tail's log is finite. (For normal, u is 1.0
+            # when the draw's top 53 bits are all ones, a 2^-53 chance; that value is NaN.)
+            u = u_low + u_width * (_unit(_mix64(states[k])) + _TWO_POW_MINUS_53)
+            us[k] = u
+            values[k] = np.float32(a + b * _ndtri_central(u))
+            tail = (u < _P_LOW) | (u > _P_HIGH)
+            flags[k] = tail
+            n_tail += tail
+        if n_tail:
+            # Gather the tail values' indices (one branch per 8 values, not per value: for
+            # normal a per-value branch mispredicted on every tail value), then redo them.
+            n_gathered = 0
+            for w in range((m + 7) >> 3):
+                if flag_words[w]:
+                    for k in range(w << 3, min((w << 3) + 8, m)):
+                        tails[n_gathered] = k
+                        n_gathered += flags[k]
+            for t in range(n_gathered):
+                k = tails[t]
+                values[k] = np.float32(a + b * _ndtri_tail(us[k]))
+        k = 0
+        for i in range(first, last):
+            row = storage[rows[i]]
+            for j in range(dim):
+                row[j] = values[k + j]
+            k += dim
+            for s in range(n_slots):
+                start = dim * (1 + s)
+                value = slot_values[s]
+                for j in range(dim):
+                    row[start + j] = value
 
 
 @numba.njit(nogil=True, cache=True)
@@ -137,13 +230,22 @@ def fill_rows(storage, rows, keys, kind, a, b, upper, seed, dim, slot_values):
     const_value = np.float32(a)
     lower = np.float32(a)
     width = b - a
+    if kind != KIND_CONSTANT and kind != KIND_UNIFORM:  # normal, truncated normal
+        # Inverse CDF: one uniform per value, no libm call in the central 95 %; Box-Muller
+        # (log, sqrt, sin, cos per pair) was 4x slower and dominated row allocation.
+        if kind == KIND_TRUNCATED_NORMAL:
+            u_low, u_width = _PHI_MINUS_2, _PHI_PLUS_2 - _PHI_MINUS_2
+        else:
+            u_low, u_width = 0.0, 1.0
+        _fill_inverse_cdf(storage, rows, keys, seed_mixed, u_low, u_width, a, b, dim, slot_values)
+        return
     for i in range(n):
         row = storage[rows[i]]
         state = _mix64(seed_mixed ^ keys[i])
         if kind == KIND_CONSTANT:
             for j in range(dim):
                 row[j] = const_value
-        elif kind == KIND_UNIFORM:
+        else:  # KIND_UNIFORM
             for j in range(dim):
                 state += _GOLDEN
                 v = np.float32(a + width * _unit(_mix64(state)))
@@ -155,18 +257,6 @@ def fill_rows(storage, rows, keys, kind, a, b, upper, seed, dim, slot_values):
                     if v < lower:
                         v = lower
                 row[j] = v
-        else:
-            # Inverse CDF: one uniform per value, no libm call in the central 95 %; Box-Muller
-            # (log, sqrt, sin, cos per pair) was 4x slower and dominated row allocation.
-            if kind == KIND_TRUNCATED_NORMAL:
-                u_low, u_width = _PHI_MINUS_2, _PHI_PLUS_2 - _PHI_MINUS_2
-            else:
-                u_low, u_width = 0.0, 1.0
-            for j in range(dim):
-                state += _GOLDEN
-                # +2^-54 keeps u strictly inside (0, 1), so the quantile is finite.
-                u = u_low + u_width * (_unit(_mix64(state)) + 1.1102230246251565e-16)
-                row[j] = np.float32(a + b * _ndtri(u))
         for s in range(n_slots):
             start = dim * (1 + s)
             value = slot_values[s]
