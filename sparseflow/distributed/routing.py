@@ -97,6 +97,9 @@ class KeyRouter:
         self.seconds = {"route": 0.0, "process": 0.0, "gather": 0.0, "update": 0.0}
         # The agreed buffer width m of the latest processed batches (bytes on the wire).
         self.widths = collections.deque(maxlen=10_000)
+        # Per table, the most rows one step's keys took at this owner: how far ahead of its
+        # next row route() keeps the shard's memory resident.
+        self._new_rows_peak = [0] * len(tables)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -170,7 +173,16 @@ class KeyRouter:
                                    send, place)
         sizes = np.concatenate([batch.n_unique, lengths]).astype(np.int64)
         gather = (np.concatenate(gathers) if gathers else np.zeros(0)).astype(np.int32)
+        self._commit_ahead()
         return send.reshape(n, width, 2), counts, place, gather, sizes
+
+    def _commit_ahead(self) -> None:
+        """Makes resident the memory of the rows this worker's shards hand out next: the
+        owner's key processing in the step then writes new rows without page faults. Runs
+        in the input pipeline, ahead of the steps (``HostRows.commit_ahead``)."""
+        for table, peak in zip(self.tables, self._new_rows_peak):
+            if peak and table.rows_on == "host" and table.tiers is None:
+                table.rows.commit_ahead(table.processor.rows_ever_used, 2 * peak)
 
     # -- 2. the owner: the keys it received ----------------------------------------------
 
@@ -215,6 +227,9 @@ class KeyRouter:
                                     np.arange(1, total + 1, dtype=np.int64), weights, ends,
                                     train, timestamp)
         tables = list(zip(entries, results))
+        for t, result in enumerate(results):
+            if result.n_new > self._new_rows_peak[t]:
+                self._new_rows_peak[t] = result.n_new
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))

@@ -18,6 +18,7 @@ import threading
 
 import numpy as np
 
+from sparseflow.embed import page_commit
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import init_kernels
 from sparseflow.ops.batch_kernels import gather_rows
@@ -70,6 +71,9 @@ class HostRows:
         # need no pinning. Lock order: key processor's lock, then this one; pinned() holders
         # never take the key processor's lock.
         self._resize_lock = threading.Lock()
+        # Rows [0, _resident_until) of the current storage were made resident ahead of use.
+        self._resident_until = 0
+        self._resident_storage = None
 
     @property
     def expands(self) -> bool:
@@ -186,6 +190,35 @@ class HostRows:
         """
         storage = self.allocate()
         storage[first_unused_row:].fill(0.0)  # never-used rows hold zeros either way
+
+    def commit_ahead(self, next_row: int, rows_ahead: int) -> None:
+        """Makes the memory of the rows the key processor hands out next resident, without
+        writing them, so that their first write (:meth:`initialize`) pays no page fault.
+
+        Call from a thread off the step's path (the input pipeline); safe while rows are
+        written (``page_commit.populate_write``). Keeps ``rows_ahead`` to ``2 x rows_ahead``
+        rows past ``next_row`` resident: one call in two or fewer does any work. Does nothing
+        before the storage exists or once the table is closed.
+
+        Args:
+          next_row: the first row never handed out (``KeyProcessor.rows_ever_used``; may be
+            read without the processor's lock: a stale value only commits less).
+          rows_ahead: rows to keep resident ahead of it (>= 0).
+        """
+        storage = self.storage
+        if storage is None or self.closed or rows_ahead <= 0:
+            return
+        if storage is not self._resident_storage:   # first call, or grown: start over
+            self._resident_storage, self._resident_until = storage, 0
+        rows = storage.shape[0]
+        if self._resident_until >= min(next_row + rows_ahead, rows):
+            return
+        first = max(self._resident_until, next_row)
+        last = min(next_row + 2 * rows_ahead, rows)
+        row_bytes = storage.strides[0]
+        if last > first and page_commit.populate_write(storage, first * row_bytes,
+                                                       last * row_bytes):
+            self._resident_until = last
 
     def initialize(self, rows: np.ndarray, keys: np.ndarray) -> None:
         """Draws fresh weights for ``rows`` (deterministic per key) and resets their slots.
