@@ -40,10 +40,17 @@ class BatchExchange:
         self.gradient = keep
         self.token = self.m = self.where = None
 
-    def forward(self, flags: bool):
+    def forward(self, flags: bool, keys: tf.Tensor | None = None):
         """Every table's unique keys' rows, one table after another (``place`` order):
         float32 ``[U, max_dim]``, and with ``flags`` whether each key owns a row (bool
-        ``[U]``; else None)."""
+        ``[U]``; else None).
+
+        With ``keys`` (int32 ``[K]``, each an index into that order: the routed batch's
+        ``gather``, every feature's keys one feature after another) the rows of those keys
+        instead, ``[K, max_dim]`` (and ``[K]`` flags), gathered straight from the reply: one
+        gather for every feature, not one per feature from the unique rows; a gradient of
+        them (:meth:`to_owners`) is summed per entry by one segment sum.
+        """
         router, max_dim = self.router, self.router.max_dim
         width = max_dim + int(flags)
 
@@ -87,10 +94,16 @@ class BatchExchange:
             flat = tf.tensor_scatter_nd_add(tf.reshape(reply, [-1, width]), entries[:, None],
                                             values)
             reply = tf.reshape(flat, tf.shape(reply))
-        back = self.exchange.all_to_all(reply)
+        back = tf.reshape(self.exchange.all_to_all(reply), [-1, width])
         self.where = self.place[:, 0] * self.m + self.place[:, 1]
-        rows = tf.gather(tf.reshape(back, [-1, width]), self.where)
-        return rows[:, :max_dim], (rows[:, max_dim] > 0.5 if flags else None)
+        if keys is None:
+            rows = tf.gather(back, self.where)
+            return rows[:, :max_dim], (rows[:, max_dim] > 0.5 if flags else None)
+        # Cut before the gather: the reply has N x m rows, the batch's keys several times as
+        # many.
+        self.where = tf.gather(self.where, keys)
+        values = tf.gather(back[:, :max_dim] if flags else back, self.where)
+        return values, (tf.gather(back[:, max_dim] > 0.5, self.where) if flags else None)
 
     def _device_reads(self, width: int) -> list:
         """Per table with rows on the device, the owner's read as TF ops, as one process's
@@ -125,12 +138,14 @@ class BatchExchange:
         return reads
 
     def to_owners(self, dy: tf.Tensor) -> tf.Tensor:
-        """``dy`` (float32 ``[U, max_dim]``, a gradient of :meth:`forward`'s rows) sent to
+        """``dy`` (float32 ``[U, max_dim]``, or ``[K, max_dim]`` after a forward with
+        ``keys``: a gradient of :meth:`forward`'s rows) summed per entry and sent to
         the keys' owners: float32 ``[N, m, max_dim]`` in the layout the owner received the
         keys in (``KeyRouter.sum_gradients`` / ``update`` take it with :attr:`token`)."""
         self.gradient = True
         n, max_dim = self.exchange.world_size, self.router.max_dim
-        scattered = tf.scatter_nd(self.where[:, None], dy, tf.stack([n * self.m, max_dim]))
+        # Keyed rows: several keys share an entry, so their gradients add up there.
+        scattered = tf.math.unsorted_segment_sum(dy, self.where, n * self.m)
         return self.exchange.all_to_all(tf.reshape(scattered, [n, -1, max_dim]))
 
     def owner_gradients(self, dy: tf.Tensor) -> list:

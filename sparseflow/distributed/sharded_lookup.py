@@ -180,6 +180,8 @@ def _table_bounds(batch: dict, plan) -> list:
 def _build(rt, batch: dict, plan) -> dict:
     """Every spec's embeddings of one batch (flat ``[n_keys, dim]``, by unique name)."""
     ex = _exchange(rt, batch, plan)
+    if not any(table.expands for table in ex.router.tables):
+        return _build_keyed(ex, batch, plan)
     if ex.train:
         flags = []   # the row flags, which carry no gradient, leave through this list
 
@@ -221,6 +223,38 @@ def _build(rt, batch: dict, plan) -> dict:
                 rows = rows[:, :table.dim]
         out[spec.unique_name] = (tf.ensure_shape(rows, [None, table.dim]),
                                  tf.gather(has_row, piece))
+    return out
+
+
+def _build_keyed(ex: BatchExchange, batch: dict, plan) -> dict:
+    """:func:`_build` without expanding tables: every spec's keys' rows gathered from the
+    exchange at once (``BatchExchange.forward`` with keys), then split per spec; their
+    gradient is one ``[n_keys, max_dim]`` tensor that the exchange sums per entry."""
+    keys = batch[_key("gather", plan)]
+    if ex.train:
+        flags = []   # the row flags, which carry no gradient, leave through this list
+
+        @tf.custom_gradient
+        def exchanged(*anchors):
+            del anchors  # only carry the gradients to the tables
+            rows, has_row = ex.forward(flags=True, keys=keys)
+            flags.append(has_row)
+            return rows, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
+
+        rows = exchanged(*[t.gradient_anchor() for t in ex.router.tables])
+        has_row = flags[0]
+    else:
+        rows, has_row = ex.forward(flags=True, keys=keys)
+    specs = [s for group in plan.tables.values() for s in group]
+    sizes = batch[_key("sizes", plan)][len(plan.tables):]
+    dims = {table.table_name: table.dim for table in ex.router.tables}
+    out = {}
+    for spec, piece, owned in zip(specs, tf.split(rows, sizes, num=len(specs)),
+                                  tf.split(has_row, sizes, num=len(specs))):
+        dim = dims[spec.table_name]
+        if dim != rows.shape[1]:
+            piece = piece[:, :dim]
+        out[spec.unique_name] = (tf.ensure_shape(piece, [None, dim]), owned)
     return out
 
 

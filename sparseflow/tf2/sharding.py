@@ -113,20 +113,15 @@ class BoundSharding:
             self.router, self.exchange, batch["route/send"], batch["route/counts"],
             batch["route/place"], batch["route/timestamp"], training,
             training and "route/stamped" in batch, keep=training)
-        unique, _ = exchange.forward(flags=False)
+        rows, _ = exchange.forward(flags=False, keys=batch["route/gather"])
         if training:
             batch["route/exchange"] = exchange
-            batch["route/unique"] = tf.shape(unique)[0]
-        # Gathered, then cut to the feature's width: cutting first copied every unique row
+        n_features = batch["route/sizes"].shape[0] - len(self.tables)
+        pieces = tf.split(rows, batch["route/sizes"][len(self.tables):], num=n_features)
+        # Cut to the feature's width after the gather: cutting first copied every unique row
         # once per feature narrower than the widest table.
-        width = unique.shape[1]
-        return [tf.gather(unique, piece)[:, :dim] if dim != width else tf.gather(unique, piece)
-                for dim, piece in zip(dims, self._pieces(batch))]
-
-    def _pieces(self, batch: dict) -> list:
-        n_tables = len(self.tables)
-        n_features = batch["route/sizes"].shape[0] - n_tables
-        return tf.split(batch["route/gather"], batch["route/sizes"][n_tables:], num=n_features)
+        width = rows.shape[1]
+        return [piece[:, :dim] if dim != width else piece for dim, piece in zip(dims, pieces)]
 
     def update(self, batch: dict, per_id: list) -> tf.Tensor:
         """Sends each id's gradient (``per_id``: float32 ``[n_ids, dim]`` per feature) to
@@ -140,11 +135,10 @@ class BoundSharding:
             raise RuntimeError("Embedding.update() needs the batch's activations read for "
                                "training first (dequeue, or activations(training=True)).")
         max_dim = self.router.max_dim
-        # One sum over every feature's ids: a sum per feature into the batch's unique rows
-        # and their adding up cost a full [unique, max_dim] pass per feature.
-        grads = tf.concat([tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
-                           for grad in per_id], 0)
-        dy = tf.math.unsorted_segment_sum(grads, batch["route/gather"], batch["route/unique"])
+        # Every feature's ids in one tensor, in the order the exchange gathered them: it sums
+        # them per entry once, for every feature.
+        dy = tf.concat([tf.pad(grad, [[0, 0], [0, max_dim - grad.shape[1]]])
+                        for grad in per_id], 0)
         return batch["route/exchange"].apply_at_owners(dy)
 
 
