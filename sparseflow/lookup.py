@@ -37,6 +37,7 @@ from sparseflow.ops import batch_kernels as bk
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.pipeline.insert_func import (batch_parts, batch_plan, batch_restore, batch_rows,
                                              batch_seq)
+from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.table import SparseTable
 from sparseflow.validation import INT32_MAX, check_bool, check_int, fail
 
@@ -284,7 +285,7 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
 
         def grad(dy):
             if isinstance(dy, tf.IndexedSlices):
-                dy = tf.math.unsorted_segment_sum(dy.values, dy.indices, tf.shape(rows)[0])
+                dy = sum_rows_by_index(dy.values, dy.indices, tf.shape(rows)[0])
             slices = tf.IndexedSlices(dy, slots, tf.constant([capacity, dim], tf.int64))
             return slices, None
 
@@ -320,7 +321,7 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
 
         def grad(dy):
             if isinstance(dy, tf.IndexedSlices):
-                dy = tf.math.unsorted_segment_sum(dy.values, dy.indices, tf.shape(rows)[0])
+                dy = sum_rows_by_index(dy.values, dy.indices, tf.shape(rows)[0])
             with tf.control_dependencies([gathered]):
                 dy = tf.identity(dy)
             slices = tf.IndexedSlices(dy, rows, tf.constant([capacity, dim], tf.int64))

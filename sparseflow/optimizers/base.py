@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from sparseflow import runtime as _runtime
 from sparseflow.embed.host_rows import pinned_storages
+from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.validation import check_one_of, fail
 
 # tf.compat.v1.train.Optimizer's gate_gradients values.
@@ -213,7 +214,7 @@ class SparseOptimizer:
                 # Gradients of several batches, concatenated: sum each row's once (the TF
                 # scatters need distinct rows; -1 stays one entry, skipped by the update).
                 rows, position = tf.unique(rows)
-                values = tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
+                values = sum_rows_by_index(values, position, tf.shape(rows)[0])
             rows = tf.cast(rows, tf.int32)
             device_rows = table.rows.rows_in(rows.graph)
             # Every op of the update after the gradient, hence after the batch's gather and

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from sparseflow.optimizers.base import (GATE_OP, SparseOptimizer, gradients_of,
                                         raise_no_gradients)
+from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.validation import fail
 
 _PAIRS = ("pairs (gradient, address) with the addresses from the "
@@ -153,8 +154,7 @@ class ByAddressOptimizer(SparseOptimizer):
     def _dense_gradient(grad, address, table) -> tf.Tensor:
         """The gradient as float32 ``[U, dim]``, one row per address (IndexedSlices summed)."""
         if isinstance(grad, tf.IndexedSlices):
-            values = tf.math.unsorted_segment_sum(grad.values, grad.indices,
-                                                  tf.shape(address)[0])
+            values = sum_rows_by_index(grad.values, grad.indices, tf.shape(address)[0])
         elif isinstance(grad, tf.Tensor):
             values = grad
         else:

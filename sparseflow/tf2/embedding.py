@@ -36,6 +36,7 @@ from sparseflow.ops import batch_kernels as bk
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.key_processor import process_tables
+from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
 from sparseflow.tf2.config import FeatureConfig, TableConfig
@@ -483,7 +484,7 @@ class Embedding(tf.Module):
             scale = self._scale(feature, batch)
             if scale is not None:
                 flat = flat * tf.expand_dims(scale, 1)
-            out = tf.math.unsorted_segment_sum(flat, segments, n_segments)
+            out = sum_rows_by_index(flat, segments, n_segments)
         if feature.max_len:
             out = tf.reshape(out, [-1, feature.max_len, feature.dim])
         if feature.config.output_shape is not None:
