@@ -5,8 +5,10 @@ Residency is read back from the kernel (``mincore``), independently of the code 
 """
 
 import ctypes
+import gc
 import mmap
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -53,11 +55,17 @@ def test_populate_write_makes_the_range_resident_and_leaves_its_bytes_unchanged(
 
 
 @linux_only
-def test_populate_write_leaves_partial_pages_alone_and_says_when_nothing_was_whole():
+def test_populate_write_takes_every_page_the_range_touches_inside_the_buffer():
     array = fresh(8 * PAGE)
-    assert not page_commit.populate_write(array, 100, PAGE + 50)     # no whole page inside
-    assert page_commit.populate_write(array, 100, 3 * PAGE + 50)     # pages 1 and 2
-    assert resident_pages(array, PAGE, 3 * PAGE) == (2, 2)
+    assert page_commit.populate_write(array, 100, PAGE + 50)       # touches pages 0 and 1
+    assert resident_pages(array, 0, 2 * PAGE) == (2, 2)
+    assert resident_pages(array, 2 * PAGE, 8 * PAGE) == (0, 6)
+    # A view that starts inside page 0: that page is not wholly its buffer's.
+    view = fresh(8 * PAGE)[25:]                                      # 100 bytes in
+    assert not page_commit.populate_write(view, 0, 10)
+    assert page_commit.populate_write(view, 0, PAGE)                 # page 1 of the mapping
+    assert resident_pages(view, PAGE - 100, 2 * PAGE - 100) == (1, 1)
+    assert not page_commit.populate_write(view, 5, 5)                # empty range
 
 
 def test_populate_write_names_a_bad_range_or_array():
@@ -132,9 +140,27 @@ def test_host_rows_commit_ahead_only_when_the_next_rows_come_near_the_resident_e
     assert len(calls) == 3 and unallocated.storage is None
 
 
+def test_a_closed_or_grown_tables_old_storage_is_freed_after_committing_ahead():
+    rows = host_rows(10_000)
+    rows.commit_ahead(0, 100)
+    gone = weakref.ref(rows.storage)
+    rows.close()
+    gc.collect()
+    assert gone() is None
+    expanding = HostRows("e", 1000, 4, InitSpec("constant", 0.0, 0.0, 1),
+                         expansion_block_rows=1000)
+    expanding.allocate()
+    expanding.commit_ahead(0, 100)
+    old = weakref.ref(expanding.storage)
+    expanding.ensure_rows(5000)                   # grows into a new array
+    gc.collect()
+    assert old() is None and expanding.storage.shape[0] >= 5000
+
+
 def test_a_routers_input_pipeline_commits_each_shards_rows_ahead_of_its_next_row(monkeypatch):
-    """route() (the input pipeline) asks each host shard to keep twice the most rows one
-    step took at this owner resident past the shard's next row; before any step, nothing."""
+    """route() (the input pipeline) asks each host shard to keep twice the largest recent
+    growth of its next row resident past it; before any growth nothing, and the peak decays
+    by 1/8 per batch once the shard stops growing."""
     calls = []
     monkeypatch.setattr(HostRows, "commit_ahead",
                         lambda self, next_row, ahead: calls.append((self.name, next_row, ahead)))
@@ -145,4 +171,7 @@ def test_a_routers_input_pipeline_commits_each_shards_rows_ahead_of_its_next_row
     received = np.array([[[4, 1], [5, 1], [6, 1]]], np.int64)
     router.process(received, np.array([[3]], np.int32), None, True)
     router.route([np.array([1, 2, 3], np.int64)])
-    assert calls == [("t", 3, 6)]
+    assert calls == [("t", 3, 6)]                  # grew by 3 rows: 6 ahead
+    for _ in range(4):                             # no growth: 3 -> 2 -> 1 -> 0
+        router.route([np.array([1, 2, 3], np.int64)])
+    assert calls == [("t", 3, 6), ("t", 3, 4), ("t", 3, 2)]

@@ -97,9 +97,10 @@ class KeyRouter:
         self.seconds = {"route": 0.0, "process": 0.0, "gather": 0.0, "update": 0.0}
         # The agreed buffer width m of the latest processed batches (bytes on the wire).
         self.widths = collections.deque(maxlen=10_000)
-        # Per table, the most rows one step's keys took at this owner: how far ahead of its
-        # next row route() keeps the shard's memory resident.
-        self._new_rows_peak = [0] * len(tables)
+        # Per table, the shard's next row at the last route() and a decaying peak of how far
+        # it moved between two: how far ahead of it route() keeps the shard's memory resident.
+        self._next_rows = [0] * len(tables)
+        self._growth = [0] * len(tables)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -179,10 +180,19 @@ class KeyRouter:
     def _commit_ahead(self) -> None:
         """Makes resident the memory of the rows this worker's shards hand out next: the
         owner's key processing in the step then writes new rows without page faults. Runs
-        in the input pipeline, ahead of the steps (``HostRows.commit_ahead``)."""
-        for table, peak in zip(self.tables, self._new_rows_peak):
-            if peak and table.rows_on == "host" and table.tiers is None:
-                table.rows.commit_ahead(table.processor.rows_ever_used, 2 * peak)
+        in the input pipeline, once per batch, ahead of the steps (``HostRows.commit_ahead``):
+        twice the largest recent growth of the shard's next row past it. The peak decays by
+        1/8 per batch, so a shard that stops growing (reusing evicted rows, or full) stops
+        committing; rows taken from the free list were resident already."""
+        for t, table in enumerate(self.tables):
+            if table.rows_on != "host" or table.tiers is not None:
+                continue
+            next_row = table.processor.rows_ever_used
+            grown = max(next_row - self._next_rows[t], 0)
+            self._next_rows[t] = next_row
+            self._growth[t] = peak = max(grown, self._growth[t] * 7 // 8)
+            if peak:
+                table.rows.commit_ahead(next_row, 2 * peak)
 
     # -- 2. the owner: the keys it received ----------------------------------------------
 
@@ -227,9 +237,6 @@ class KeyRouter:
                                     np.arange(1, total + 1, dtype=np.int64), weights, ends,
                                     train, timestamp)
         tables = list(zip(entries, results))
-        for t, result in enumerate(results):
-            if result.n_new > self._new_rows_peak[t]:
-                self._new_rows_peak[t] = result.n_new
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import numpy as np
 
@@ -71,9 +72,10 @@ class HostRows:
         # need no pinning. Lock order: key processor's lock, then this one; pinned() holders
         # never take the key processor's lock.
         self._resize_lock = threading.Lock()
-        # Rows [0, _resident_until) of the current storage were made resident ahead of use.
+        # Rows [0, _resident_until) of the storage _resident_of refers to (weakly: a closed or
+        # grown table's old array must be freed) were made resident ahead of use.
         self._resident_until = 0
-        self._resident_storage = None
+        self._resident_of = None
 
     @property
     def expands(self) -> bool:
@@ -208,8 +210,9 @@ class HostRows:
         storage = self.storage
         if storage is None or self.closed or rows_ahead <= 0:
             return
-        if storage is not self._resident_storage:   # first call, or grown: start over
-            self._resident_storage, self._resident_until = storage, 0
+        if self._resident_of is None or self._resident_of() is not storage:
+            # First call, or the storage grew (a new array): start over.
+            self._resident_of, self._resident_until = weakref.ref(storage), 0
         rows = storage.shape[0]
         if self._resident_until >= min(next_row + rows_ahead, rows):
             return
@@ -286,3 +289,4 @@ class HostRows:
         """Releases the storage; any later use raises."""
         self.closed = True
         self.storage = None
+        self._resident_of = None

@@ -41,8 +41,10 @@ def _madvise():
 
 
 def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
-    """Faults bytes ``[start, stop)`` of ``array``'s buffer in for writing, their contents
-    unchanged (whole pages inside the buffer; a partial page at either end is left alone).
+    """Faults the pages that bytes ``[start, stop)`` of ``array``'s buffer touch in for
+    writing, their contents unchanged: every page the range overlaps that lies wholly inside
+    the buffer (so consecutive ranges leave no page out; a page the buffer shares with other
+    memory, at either end of it, is left alone).
 
     Releases the GIL while the kernel works (a ctypes call).
 
@@ -52,8 +54,8 @@ def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
 
     Returns:
       True when the pages are resident now; False when this system cannot populate (not
-      Linux, or a kernel older than 5.14: then it never tries again) or the range holds
-      no whole page.
+      Linux, or a kernel older than 5.14: then it never tries again) or the range touches
+      no page wholly inside the buffer.
 
     Raises:
       ValueError: ``array`` is not C-contiguous and writeable, or the range is outside it.
@@ -67,9 +69,13 @@ def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
                          f"array's {array.nbytes} bytes")
     if not _state["supported"]:
         return False
+    if start == stop:
+        return False
     base = array.ctypes.data
-    first = -(-(base + start) // _PAGE) * _PAGE
-    last = (base + stop) // _PAGE * _PAGE
+    buffer_first = -(-base // _PAGE) * _PAGE                  # the buffer's whole pages
+    buffer_last = (base + array.nbytes) // _PAGE * _PAGE
+    first = max((base + start) // _PAGE * _PAGE, buffer_first)
+    last = min(-(-(base + stop) // _PAGE) * _PAGE, buffer_last)
     if last <= first:
         return False
     if _madvise()(first, last - first, MADV_POPULATE_WRITE) == 0:
