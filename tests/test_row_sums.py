@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from sparseflow import row_sums
 from sparseflow.row_sums import sum_rows_by_index
 
 
@@ -47,5 +48,27 @@ def test_in_a_graph_with_a_dynamic_row_count():
 
 @pytest.mark.parametrize("bad", [-1, 5])
 def test_an_index_outside_the_rows_is_an_error(bad):
+    assert row_sums._by_matmul()   # noqa: SLF001 -- the CPU test machine takes the matmul
     with pytest.raises(tf.errors.InvalidArgumentError):
         sum_rows_by_index(tf.ones([2, 3]), tf.constant([0, bad]), 5)
+
+
+def test_op_determinism_is_read_from_tensorflow():
+    assert not row_sums._determinism_on()   # noqa: SLF001 -- off unless a program enables it
+
+
+def test_with_a_gpu_or_op_determinism_it_is_the_segment_sum(monkeypatch):
+    """Both fall back to unsorted_segment_sum: its GPU kernel can be deterministic; the
+    matmul's cannot (TensorFlow refuses it under op determinism)."""
+    values, ids = [[1.0, 2.0], [3.0, 4.0]], [1, 1]
+    for gpu, deterministic in ((True, False), (False, True)):
+        monkeypatch.setattr(row_sums, "_gpu_visible", lambda gpu=gpu: gpu)
+        monkeypatch.setattr(row_sums, "_determinism_on",
+                            lambda deterministic=deterministic: deterministic)
+        with tf.Graph().as_default():
+            out = sum_rows_by_index(values, ids, 3)
+            assert out.op.type == "UnsortedSegmentSum"
+    monkeypatch.setattr(row_sums, "_gpu_visible", lambda: False)
+    monkeypatch.setattr(row_sums, "_determinism_on", lambda: False)
+    with tf.Graph().as_default():
+        assert sum_rows_by_index(values, ids, 3).op.type == "SparseTensorDenseMatMul"

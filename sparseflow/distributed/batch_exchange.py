@@ -50,7 +50,7 @@ class BatchExchange:
         ``gather``, every feature's keys one feature after another) the rows of those keys
         instead, ``[K, max_dim]`` (and ``[K]`` flags), gathered straight from the reply: one
         gather for every feature, not one per feature from the unique rows; a gradient of
-        them (:meth:`to_owners`) is summed per entry by one segment sum.
+        them (:meth:`to_owners`) is summed per entry in one op.
         """
         router, max_dim = self.router, self.router.max_dim
         width = max_dim + int(flags)
