@@ -1,7 +1,9 @@
-"""A routed batch's gradients on their way to the owners (``BatchExchange.to_owners``), in one
-process: the all-to-all is the identity, so what would be sent is what comes back. Checked
-against numpy: each entry of the ``[N, m, max_dim]`` layout gets the sum of the gradients of
-the keys (or unique rows) read from it, zeros where none."""
+"""A routed batch's rows read back (``BatchExchange.forward`` with keys) and its gradients on
+their way to the owners (``BatchExchange.to_owners``), in one process: the all-to-alls are
+the identity, so what would be sent is what comes back. Rows and flags are checked against
+the tables' own lookups; the gradients against numpy: each entry of the ``[N, m, max_dim]``
+layout gets the sum of the gradients of the keys (or unique rows) read from it, zeros where
+none."""
 
 import numpy as np
 import pytest
@@ -50,3 +52,48 @@ def test_an_entry_index_outside_the_layout_is_an_error_not_a_lost_gradient():
     ex = _exchange(2, 3, 2, np.array([0, 6], np.int32))
     with pytest.raises(tf.errors.InvalidArgumentError):
         ex.to_owners(tf.ones([2, 2], tf.float32))
+
+
+class _LoopbackDynamic(_LoopbackExchange):
+    """One worker: the dynamic all-to-all hands the buffer back with its counts."""
+
+    def all_to_all_dynamic(self, x, counts, pad_value=0, also_max=None):
+        del pad_value
+        return tf.identity(x), tf.identity(counts), tf.identity(also_max)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_keyed_forward_reads_each_keys_row_and_flag_in_feature_order(train):
+    """Every feature's keys' rows, one feature after another, as ``route``'s ``gather``
+    orders them: against each key's row read from its table (zeros past a narrower table's
+    dim and where the key owns no row), and the flags against the tables' own lookups."""
+    from tests.test_routing import DIMS, TABLE_OF, make_router
+
+    router = make_router(1, threshold=2)
+    if not train:   # evaluation reads keys admitted before; 12 never was
+        warm = [np.array([5, 5], np.int64), np.array([7, 7, 9], np.int64),
+                np.array([9], np.int64)]
+        send, counts, _, _, _ = router.route(warm)
+        token = router.process(send, counts, None, True)
+        router.gather(token, keep=False)
+    batch = [np.array([5, 12, 5], np.int64), np.array([7, 9, 12, 7], np.int64),
+             np.array([9, 3], np.int64)]
+    send, counts, place, gather, sizes = router.route(batch)
+    ex = BatchExchange(router, _LoopbackDynamic(1), tf.constant(send), tf.constant(counts),
+                       tf.constant(place), tf.constant(0, tf.int64), train=train,
+                       stamped=False)
+    rows, flags = ex.forward(flags=True, keys=tf.constant(gather))
+    rows, flags = rows.numpy(), flags.numpy()
+    keys = np.concatenate(batch)
+    assert rows.shape == (keys.shape[0], router.max_dim) and flags.shape == keys.shape
+    feature_of = np.repeat(np.arange(len(batch)), [len(b) for b in batch])
+    for i, key in enumerate(keys):
+        table = router.tables[TABLE_OF[feature_of[i]]]
+        row = table.processor.lookup(np.array([key], np.int64))[0]
+        assert flags[i] == (row >= 0)
+        want = np.zeros(router.max_dim, np.float32)
+        if row >= 0:
+            want[:table.dim] = table.rows.gather(np.array([row], np.int32))[0]
+        np.testing.assert_array_equal(rows[i], want)
+        assert not rows[i, DIMS[feature_of[i]]:].any()
+    assert flags.any() and not flags.all()       # some keys own rows, some do not
