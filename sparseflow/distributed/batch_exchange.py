@@ -183,6 +183,17 @@ class BatchExchange:
                                  stateful=True, name="sparseflow_owner_update")
 
 
+def split_per_feature(rows: tf.Tensor, sizes: tf.Tensor, dims: list) -> list:
+    """``rows`` (``[K, max_dim]``, every feature's keys one feature after another, as
+    :meth:`BatchExchange.forward` with keys reads them) split per feature by ``sizes`` (its
+    keys per feature), each cut to its feature's width in ``dims``: ``[[n_f, dim_f]]``.
+    Cut after the gather: cutting first copied every row once per narrower feature."""
+    width = rows.shape[1]
+    pieces = tf.split(rows, sizes, num=len(dims))
+    return [tf.ensure_shape(piece if dim == width else piece[:, :dim], [None, dim])
+            for piece, dim in zip(pieces, dims)]
+
+
 def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
                flags: bool = False, dense_parameters: int = 0) -> float:
     """Mean bytes one rank sends per training step through one routed batch's exchange

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.distributed.batch_exchange import BatchExchange
+from sparseflow.distributed.batch_exchange import BatchExchange, split_per_feature
 from sparseflow.distributed.routing import KeyRouter
 from sparseflow.pipeline.graph_cache import graph_cache
 
@@ -182,20 +182,7 @@ def _build(rt, batch: dict, plan) -> dict:
     ex = _exchange(rt, batch, plan)
     if not any(table.expands for table in ex.router.tables):
         return _build_keyed(ex, batch, plan)
-    if ex.train:
-        flags = []   # the row flags, which carry no gradient, leave through this list
-
-        @tf.custom_gradient
-        def exchanged(*anchors):
-            del anchors  # only carry the gradients to the tables
-            unique, has_row = ex.forward(flags=True)
-            flags.append(has_row)
-            return unique, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
-
-        unique = exchanged(*[t.gradient_anchor() for t in ex.router.tables])
-        has_row = flags[0]
-    else:
-        unique, has_row = ex.forward(flags=True)
+    unique, has_row = _exchanged_rows(ex)
     # An expanding table's unique rows, which its lookups gather from in training: the
     # "local embeddings" a by-address optimizer differentiates w.r.t.
     bounds = _table_bounds(batch, plan)
@@ -230,32 +217,32 @@ def _build_keyed(ex: BatchExchange, batch: dict, plan) -> dict:
     """:func:`_build` without expanding tables: every spec's keys' rows gathered from the
     exchange at once (``BatchExchange.forward`` with keys), then split per spec; their
     gradient is one ``[n_keys, max_dim]`` tensor that the exchange sums per entry."""
-    keys = batch[_key("gather", plan)]
-    if ex.train:
-        flags = []   # the row flags, which carry no gradient, leave through this list
-
-        @tf.custom_gradient
-        def exchanged(*anchors):
-            del anchors  # only carry the gradients to the tables
-            rows, has_row = ex.forward(flags=True, keys=keys)
-            flags.append(has_row)
-            return rows, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
-
-        rows = exchanged(*[t.gradient_anchor() for t in ex.router.tables])
-        has_row = flags[0]
-    else:
-        rows, has_row = ex.forward(flags=True, keys=keys)
+    rows, has_row = _exchanged_rows(ex, batch[_key("gather", plan)])
     specs = [s for group in plan.tables.values() for s in group]
     sizes = batch[_key("sizes", plan)][len(plan.tables):]
     dims = {table.table_name: table.dim for table in ex.router.tables}
-    out = {}
-    for spec, piece, owned in zip(specs, tf.split(rows, sizes, num=len(specs)),
-                                  tf.split(has_row, sizes, num=len(specs))):
-        dim = dims[spec.table_name]
-        if dim != rows.shape[1]:
-            piece = piece[:, :dim]
-        out[spec.unique_name] = (tf.ensure_shape(piece, [None, dim]), owned)
-    return out
+    pieces = split_per_feature(rows, sizes, [dims[spec.table_name] for spec in specs])
+    return {spec.unique_name: (piece, owned) for spec, piece, owned in
+            zip(specs, pieces, tf.split(has_row, sizes, num=len(specs)))}
+
+
+def _exchanged_rows(ex: BatchExchange, keys: tf.Tensor | None = None):
+    """``ex.forward(flags=True, keys=keys)``: ``(rows, has_row)``; in training the rows'
+    gradient goes to the owners (``BatchExchange.owner_gradients``), through the tables'
+    gradient anchors."""
+    if not ex.train:
+        return ex.forward(flags=True, keys=keys)
+    flags = []   # the row flags, which carry no gradient, leave through this list
+
+    @tf.custom_gradient
+    def exchanged(*anchors):
+        del anchors  # only carry the gradients to the tables
+        rows, has_row = ex.forward(flags=True, keys=keys)
+        flags.append(has_row)
+        return rows, lambda dy: ex.owner_gradients(tf.convert_to_tensor(dy))
+
+    rows = exchanged(*[t.gradient_anchor() for t in ex.router.tables])
+    return rows, flags[0]
 
 
 def _add_local_embeddings(ex: BatchExchange, bounds: list, per_table: dict) -> None:

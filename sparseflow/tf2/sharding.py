@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparseflow.distributed.batch_exchange import BatchExchange
+from sparseflow.distributed.batch_exchange import BatchExchange, split_per_feature
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
 from sparseflow.distributed.routing import KeyRouter
 
@@ -116,12 +116,7 @@ class BoundSharding:
         rows, _ = exchange.forward(flags=False, keys=batch["route/gather"])
         if training:
             batch["route/exchange"] = exchange
-        n_features = batch["route/sizes"].shape[0] - len(self.tables)
-        pieces = tf.split(rows, batch["route/sizes"][len(self.tables):], num=n_features)
-        # Cut to the feature's width after the gather: cutting first copied every unique row
-        # once per feature narrower than the widest table.
-        width = rows.shape[1]
-        return [piece[:, :dim] if dim != width else piece for dim, piece in zip(dims, pieces)]
+        return split_per_feature(rows, batch["route/sizes"][len(self.tables):], dims)
 
     def update(self, batch: dict, per_id: list) -> tf.Tensor:
         """Sends each id's gradient (``per_id``: float32 ``[n_ids, dim]`` per feature) to
