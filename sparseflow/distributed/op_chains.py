@@ -42,7 +42,14 @@ _GENERAL = object()            # the key of the graph's general token in _TOKENS
 _BODY_OPS = frozenset(("If", "StatelessIf", "While", "StatelessWhile", "Case",
                        "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"))
 
-_OPEN = threading.local()   # the chains being built, innermost last: (graph, number)
+class _Open(threading.local):
+    """The chains this thread is building, innermost last: ``(graph, number)``."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_OPEN = _Open()
 
 
 @contextlib.contextmanager
@@ -62,7 +69,7 @@ def chain(name: str):
         return
     numbers = graph_cache(graph, _NUMBERS)
     number = numbers.setdefault(name, len(numbers))
-    stack = _open_chains()
+    stack = _OPEN.stack
     stack.append((graph, number))
     before = len(graph.get_operations())
     try:
@@ -86,17 +93,11 @@ def current_number() -> int | None:
     """The number of the chain being built in the default graph (chains are numbered in
     the order first opened in their graph, the same on every rank that traces the same
     function), or None outside a chain."""
-    stack = _open_chains()
+    stack = _OPEN.stack
     if not stack:
         return None
     graph, number = stack[-1]
     return number if graph is tf.compat.v1.get_default_graph() else None
-
-
-def _open_chains() -> list:
-    if not hasattr(_OPEN, "stack"):
-        _OPEN.stack = []
-    return _OPEN.stack
 
 
 def _token(graph, name: str) -> tf.Tensor:
