@@ -91,7 +91,6 @@ def test_a_kernel_without_the_advice_is_asked_once_then_never_again(monkeypatch)
         return -1
 
     monkeypatch.setitem(page_commit._state, "madvise", einval)   # noqa: SLF001
-    monkeypatch.setitem(page_commit._state, "supported", True)   # noqa: SLF001
     array = np.zeros(16 * PAGE // 4, np.float32)
     assert not page_commit.populate_write(array, 0, array.nbytes)
     assert not page_commit.populate_write(array, 0, array.nbytes)

@@ -18,26 +18,25 @@ import ctypes.util
 import mmap
 import os
 import sys
-import threading
 
 import numpy as np
 
 MADV_POPULATE_WRITE = 23   # linux/mman.h, since 5.14
 
 _PAGE = mmap.PAGESIZE
-_state = {"madvise": None, "supported": sys.platform.startswith("linux")}
-_lock = threading.Lock()
 
 
-def _madvise():
-    with _lock:
-        if _state["madvise"] is None:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            fn = libc.madvise
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            fn.restype = ctypes.c_int
-            _state["madvise"] = fn
-        return _state["madvise"]
+def _libc_madvise():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = libc.madvise
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# libc's madvise, or None where populating is not possible (not Linux, or a kernel that
+# refused the advice once).
+_state = {"madvise": _libc_madvise() if sys.platform.startswith("linux") else None}
 
 
 def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
@@ -67,7 +66,8 @@ def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
     if not 0 <= start <= stop <= array.nbytes:
         raise ValueError(f"populate_write: byte range [{start}, {stop}) is outside the "
                          f"array's {array.nbytes} bytes")
-    if not _state["supported"]:
+    madvise = _state["madvise"]
+    if madvise is None:
         return False
     if start == stop:
         return False
@@ -78,8 +78,8 @@ def populate_write(array: np.ndarray, start: int, stop: int) -> bool:
     last = min(-(-(base + stop) // _PAGE) * _PAGE, buffer_last)
     if last <= first:
         return False
-    if _madvise()(first, last - first, MADV_POPULATE_WRITE) == 0:
+    if madvise(first, last - first, MADV_POPULATE_WRITE) == 0:
         return True
     if ctypes.get_errno() == getattr(os, "EINVAL", 22):   # the kernel lacks the advice
-        _state["supported"] = False
+        _state["madvise"] = None
     return False
