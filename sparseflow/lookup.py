@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
+from sparseflow import tensor_buffers
 from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.ops import batch_kernels as bk
@@ -503,8 +504,8 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         starts, ends = bk.part_bounds(part_sizes, n_parts)
         outs = []
         for (dim, members), (table_of, rows_of, restore_of) in zip(groups, layouts):
-            out = np.empty((int(ends[restore_of].sum() - starts[restore_of].sum()), dim),
-                           np.float32)
+            out = tensor_buffers.empty(
+                (int(ends[restore_of].sum() - starts[restore_of].sum()), dim), np.float32)
             with pinned_storages([table.rows for table, _, _ in members]) as storages:
                 bk.expand_tables(storages, flat, starts, ends, table_of, rows_of, restore_of,
                                  dim, out)
@@ -528,7 +529,8 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         at = 0
         for (dim, members), (_, rows_of, restore_of), specs in zip(groups, layouts,
                                                                    group_specs):
-            out = np.zeros((int(sum(part_sizes[w] for _, w, _ in members)), dim), np.float32)
+            out = tensor_buffers.zeros((int(sum(part_sizes[w] for _, w, _ in members)), dim),
+                                       np.float32)
             bk.sum_tables(bk.as_tuple(np.asarray(g, np.float32) for g in
                                       grads[at:at + len(specs)]),
                           flat, starts, ends, rows_of, restore_of, out)

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from sparseflow import tensor_buffers
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
@@ -263,7 +264,7 @@ class KeyRouter:
             if not (pending.train and keep):
                 del self._pending[int(token)]
         width = self.max_dim + int(flags)
-        reply = np.zeros((pending.n * pending.m, width), np.float32)
+        reply = tensor_buffers.zeros((pending.n * pending.m, width), np.float32)
         for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
             if flags:
                 shard_kernels.mark_owned(result.rows, result.restore, entries, self.max_dim,
@@ -379,7 +380,7 @@ class KeyRouter:
         flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
         out = []
         for table, (entries, result), slots in zip(self.tables, pending, placed):
-            summed = np.zeros((result.rows.shape[0], table.dim), np.float32)
+            summed = tensor_buffers.zeros((result.rows.shape[0], table.dim), np.float32)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
             if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
                     == "sum_gradients_and_div_by_ranksize"):

@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+from sparseflow import tensor_buffers
 from sparseflow.embed import page_commit
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import init_kernels
@@ -264,7 +265,7 @@ class HostRows:
         """
         rows = np.ascontiguousarray(rows, np.int32)
         if out is None:
-            out = np.empty((rows.shape[0], self.dim), np.float32)
+            out = tensor_buffers.empty((rows.shape[0], self.dim), np.float32)
         with self.pinned() as storage:
             gather_rows(storage, rows, self.dim, out)
         return out

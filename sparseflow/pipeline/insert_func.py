@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from sparseflow import tensor_buffers
 from sparseflow import runtime as _runtime
 from sparseflow.featurespec.grouping import group_specs_by_table
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
@@ -272,7 +273,7 @@ def _make_process(rt, plan: InsertPlan):
         rows = [result.rows for result in results]
         sizes = np.fromiter([r.shape[0] for r in rows] + list(lengths) + [r.seq for r in results],
                             np.int64, len(rows) + n_specs + len(results))
-        return np.concatenate(rows + [batch.restore]), sizes
+        return tensor_buffers.concatenate(rows + [batch.restore], np.int32), sizes
 
     return process
 

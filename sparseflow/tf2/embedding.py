@@ -29,6 +29,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from sparseflow import tensor_buffers
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed import op_chains
 from sparseflow.embed.host_rows import pinned_storages
@@ -262,7 +263,7 @@ class Embedding(tf.Module):
             parts = [result.rows for result in results] + restores
             sizes = np.fromiter([p.shape[0] for p in parts] + [r.seq for r in results],
                                 np.int64, len(parts) + n_tables)
-            return np.concatenate(parts).astype(np.int32, copy=False), sizes
+            return tensor_buffers.concatenate(parts, np.int32), sizes
 
         # One int32 tensor of every table's unique rows then every feature's restore vector,
         # and their sizes (then each table's batch number): two tensors per batch, whatever
@@ -440,8 +441,8 @@ class Embedding(tf.Module):
             outs = []
             with pinned_storages([table.rows for table in tables]) as storages:
                 for (dim, members), layout in zip(groups, self._gather_layouts):
-                    out = np.empty((int(sum(sizes[n_tables + k] for k in members)), dim),
-                                   np.float32)
+                    out = tensor_buffers.empty(
+                        (int(sum(sizes[n_tables + k] for k in members)), dim), np.float32)
                     bk.expand_tables(storages, packed, starts, ends, *layout, dim, out)
                     outs.append(out)
             for t, table in enumerate(tables):
@@ -558,7 +559,8 @@ class Embedding(tf.Module):
                         f"{feature.dim} values reach it, got a gradient giving "
                         f"{grads[k].shape[0]}.")
             for dim, table_ids, members, (_, rows_of, restore_of) in self._sum_groups:
-                summed = np.zeros((int(sum(sizes[t] for t in table_ids)), dim), np.float32)
+                summed = tensor_buffers.zeros((int(sum(sizes[t] for t in table_ids)), dim),
+                                              np.float32)
                 bk.sum_tables(bk.as_tuple(np.asarray(grads[k], np.float32) for k in members),
                               packed, starts, ends, rows_of, restore_of, summed)
                 # The rows are the batch's unique keys' rows: distinct.

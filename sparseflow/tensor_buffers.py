@@ -1,0 +1,46 @@
+"""Output buffers for ``tf.numpy_function``: numpy arrays TensorFlow can adopt without a copy.
+
+A numpy_function's outputs become tensors through ``TF_NewTensor``, which copies any buffer
+not aligned to ``EIGEN_MAX_ALIGN_BYTES`` (64 on the x86 builds). numpy aligns its data to 16
+bytes only, so every large output of a numpy function (the batch's embeddings, 6.8 MB per
+Criteo-shaped step) was copied once more after the kernel had written it. Arrays from
+:func:`empty` start on a 64-byte boundary, and TF keeps a reference instead of copying.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ALIGNMENT = 64
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary (when it
+    has any: an empty array holds no bytes to copy).
+
+    Args:
+      shape: int or tuple of ints.
+      dtype: a numpy dtype.
+
+    Returns:
+      The array (a view into a slightly larger byte buffer, which it keeps alive).
+    """
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def zeros(shape, dtype) -> np.ndarray:
+    """:func:`empty`, filled with zeros."""
+    out = empty(shape, dtype)
+    out.fill(0)
+    return out
+
+
+def concatenate(parts, dtype) -> np.ndarray:
+    """1-D arrays ``parts`` joined, cast to ``dtype``, in a 64-byte aligned array."""
+    out = empty(sum(p.shape[0] for p in parts), dtype)
+    np.concatenate(parts, out=out, casting="same_kind")
+    return out
