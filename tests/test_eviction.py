@@ -7,6 +7,7 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow.embed.initializers import init_rows
 from sparseflow.optimizers import gradient_descent, lazy_adam
+from sparseflow.pipeline.key_processor import KeyProcessor
 from tests.pipeline_utils import run_all
 
 
@@ -377,3 +378,58 @@ def test_a_table_evicts_at_the_threshold_through_the_pipeline(sf_init):
     result = sf.evict("t")["t"]
     assert result.keys_removed == 2
     np.testing.assert_array_equal(table.export()[0], [2, 4, 5])  # ages 9, 0, 5 stay
+
+
+def test_a_release_while_the_pipeline_holds_the_lock_does_not_wait_and_is_applied_next():
+    """The step's gather releases a batch while the input pipeline's thread holds the table's
+    lock: the release returns at once, and whoever takes the lock next sees it applied."""
+    import threading
+
+    processor = KeyProcessor("t", 100, None, lambda rows, keys: None)
+    processor.track_in_flight = True
+    for first in (0, 10):
+        processor.process(np.arange(first, first + 5, dtype=np.int64), np.array([5]),
+                          np.ones(1, np.int32), train=True)
+    assert processor.batches_in_flight == 2
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with processor.lock:
+            held.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    returned = threading.Event()
+    releaser = threading.Thread(target=lambda: (processor.release(0), returned.set()))
+    releaser.start()
+    assert returned.wait(5), "release waited for the lock"
+    done.set()
+    holder.join(10)
+    releaser.join(10)
+    assert processor.batches_in_flight == 1   # applied on taking the lock
+    processor.release(1)
+    assert processor.batches_in_flight == 0
+
+
+def test_a_deferred_release_frees_evicted_rows_before_the_next_batch_takes_rows():
+    """Rows an eviction freed wait for the batches in flight; a release deferred behind the
+    lock must still free them for the next batch processed (its holder applies it first)."""
+    import threading
+
+    processor = KeyProcessor("t", 4, None, lambda rows, keys: None)
+    processor.track_in_flight = True
+    processor.process(np.arange(4, dtype=np.int64), np.array([4]), np.ones(1, np.int32),
+                      train=True, timestamp=1)
+    processor.evict(0)   # every key is stale: their rows wait for batch 0
+    assert processor.rows_waiting == 4
+    with processor.lock:   # as the pipeline's thread would, processing the next batch
+        released = threading.Thread(target=processor.release, args=(0,))
+        released.start()
+        released.join(5)
+        assert not released.is_alive()
+        assert processor._released   # noqa: SLF001 -- deferred, not yet applied
+    result = processor.process(np.arange(10, 14, dtype=np.int64), np.array([4]),
+                               np.ones(1, np.int32), train=True, timestamp=2)
+    assert sorted(result.rows.tolist()) == [0, 1, 2, 3]

@@ -11,6 +11,7 @@ the GIL so that other tables and TensorFlow proceed meanwhile.
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -78,6 +79,49 @@ class _Scratch(threading.local):
 
 
 _SCRATCH = _Scratch()
+
+
+class _StateLock:
+    """A key processor's lock (reentrant). Entering it first applies the releases that
+    :meth:`KeyProcessor.release` left while another thread held it, so that whoever holds it
+    sees every batch the model has read."""
+
+    __slots__ = ("_lock", "_processor")
+
+    def __init__(self, processor: "KeyProcessor"):
+        self._lock = threading.RLock()
+        self._processor = processor
+
+    def __enter__(self):
+        self._lock.acquire()
+        if self._processor._released:   # noqa: SLF001 -- the processor's own lock
+            try:
+                self._processor._apply_released()   # noqa: SLF001
+            except BaseException:
+                self._lock.release()
+                raise
+        return self
+
+    def __exit__(self, *exc_info):
+        self._lock.release()
+        return False
+
+    def acquire_now(self) -> bool:
+        """Takes the lock if it is free, without waiting; True when taken (then entered:
+        deferred releases applied). Pair with :meth:`release`."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        if self._processor._released:   # noqa: SLF001
+            try:
+                self._processor._apply_released()   # noqa: SLF001
+            except BaseException:
+                self._lock.release()
+                raise
+        return True
+
+    def release(self) -> None:
+        """Releases a lock taken by :meth:`acquire_now`."""
+        self._lock.release()
 
 
 def _thread_scratch(n_keys: int) -> _Scratch:
@@ -224,7 +268,10 @@ class KeyProcessor:
         tracked = row_limit if tracked_rows is None else max(1, min(tracked_rows, row_limit))
         self.last_seen = np.zeros(tracked, np.int64)
         self.clock = np.int64(-(2**63))
-        self.lock = threading.Lock()
+        # Releases the model's gather made while the lock was held (by the input pipeline's
+        # thread, processing the next batch): applied by the next holder (_StateLock).
+        self._released: collections.deque = collections.deque()
+        self.lock = _StateLock(self)
         # In-flight tracking (on for a table that trains: the table turns it on): every call
         # gets a sequence number; the model's gather releases it. Rows freed by an eviction
         # wait in the quarantine until no batch processed before that eviction is still
@@ -375,20 +422,37 @@ class KeyProcessor:
         """
         if seq < 0:
             return
-        with self.lock:
-            seq = int(seq)
-            self._outstanding.discard(seq)
-            self.journal.consumed(seq)
-            self._max_released = max(self._max_released, seq)
-            # A batch this far behind the newest one read was abandoned (an iterator
-            # re-initialized with batches still in its prefetch buffer, a stopped run): its
-            # counts stay, as if it had been read.
-            stale = [s for s in self._outstanding if s < self._max_released - ABANDONED_AFTER]
-            for s in stale:
-                self._outstanding.discard(s)
-                self.journal.consumed(s)
-            if drain:
-                self._drain_quarantine()
+        # The step's gather calls this; the input pipeline's thread holds the lock while it
+        # processes the next batch of this table. Waiting for it put that processing on the
+        # step's critical path (0.3 ms per 26-table step, BENCHMARKS.md): the release is
+        # left to the lock's next holder instead, which applies it before anything else.
+        if not self.lock.acquire_now():
+            self._released.append((int(seq), bool(drain)))
+            return
+        try:
+            self._release(int(seq), drain)
+        finally:
+            self.lock.release()
+
+    def _release(self, seq: int, drain: bool) -> None:
+        self._outstanding.discard(seq)
+        self.journal.consumed(seq)
+        self._max_released = max(self._max_released, seq)
+        # A batch this far behind the newest one read was abandoned (an iterator
+        # re-initialized with batches still in its prefetch buffer, a stopped run): its
+        # counts stay, as if it had been read.
+        stale = [s for s in self._outstanding if s < self._max_released - ABANDONED_AFTER]
+        for s in stale:
+            self._outstanding.discard(s)
+            self.journal.consumed(s)
+        if drain:
+            self._drain_quarantine()
+
+    def _apply_released(self) -> None:
+        """Applies the releases deferred while another thread held the lock (the caller
+        holds it)."""
+        while self._released:
+            self._release(*self._released.popleft())
 
     def drain(self) -> None:
         """Frees quarantined rows that no batch in flight still needs (after an update)."""
@@ -456,6 +520,7 @@ class KeyProcessor:
 
     def reset_in_flight(self) -> None:
         """Forgets batches in flight and quarantined rows (a restore replaces every row)."""
+        self._released.clear()
         self._outstanding.clear()
         self._quarantine.clear()
         self.journal.clear()
@@ -509,12 +574,14 @@ class KeyProcessor:
     @property
     def rows_waiting(self) -> int:
         """Evicted rows not yet reusable because batches from before the eviction are in flight."""
-        return sum(rows.shape[0] for _, rows in self._quarantine)
+        with self.lock:
+            return sum(rows.shape[0] for _, rows in self._quarantine)
 
     @property
     def batches_in_flight(self) -> int:
         """Batches processed whose rows the model has not gathered yet (tracking on only)."""
-        return len(self._outstanding)
+        with self.lock:
+            return len(self._outstanding)
 
     def _assign_with_sketch(self, uniq, weight, n_unique, rows, new_pos, undoable):
         """Training-channel assignment when not-yet-admitted keys are counted in the sketch:
@@ -585,8 +652,9 @@ class KeyProcessor:
     @property
     def rows_free(self) -> int:
         """Rows that a newly admitted key could take."""
-        return int(self.state[kk.STATE_ROW_LIMIT] - self.state[kk.STATE_NEXT_ROW]
-                   + self.state[kk.STATE_FREE_TOP])
+        with self.lock:   # a deferred release may free evicted rows
+            return int(self.state[kk.STATE_ROW_LIMIT] - self.state[kk.STATE_NEXT_ROW]
+                       + self.state[kk.STATE_FREE_TOP])
 
     @property
     def rows_ever_used(self) -> int:
