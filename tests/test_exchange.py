@@ -297,3 +297,46 @@ def test_two_signatures_with_one_group_are_refused(monkeypatch):
                         (1010, None, "Other", (5,), "int32", ()))
     with pytest.raises(RuntimeError, match=f"share the group key {group}"):
         exchange_module._signature_group(signature)
+
+
+def _marks(graph) -> dict:
+    names = [op.name for op in graph.get_operations() if op.type in ("PyFunc", "EagerPyFunc")]
+    return {kind: sum(f"sparseflow_collective_{kind}" in n for n in names)
+            for kind in ("started", "finished")}
+
+
+def test_collectives_watched_as_one_report_one_start_and_one_end():
+    """An exchange's chained collectives (counts, keys, rows) report to the watchdog once: a
+    start before the first and an end after the last, not one of each per collective (each
+    report is a numpy function on the chain's path); nested spans report once; outside a
+    span every collective reports its own."""
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+
+    exchange = exchange_module.CountedExchange(2, 5.0, 1012)
+
+    def three(x):
+        received, _, _ = exchange.all_to_all_dynamic(x, tf.fill([2], 3), 0)
+        return exchange.all_to_all(received * 2)
+
+    with tf.Graph().as_default() as alone:
+        three(tf.zeros([2, 3], tf.int64))
+    assert _marks(alone) == {"started": 3, "finished": 3}
+    with tf.Graph().as_default() as spanned:
+        with exchange.watched_as_one():
+            with exchange.watched_as_one():
+                out = three(tf.zeros([2, 3], tf.int64))
+    assert _marks(spanned) == {"started": 1, "finished": 1}
+    finished = next(op for op in spanned.get_operations()
+                    if "sparseflow_collective_finished" in op.name)
+    collectives = [op for op in spanned.get_operations() if op.type == "CollectiveAllToAllV2"]
+    assert len(collectives) == 3
+    # The end waits for every collective of the span, the last one's output included.
+    waited = {op.name for op in finished.control_inputs}
+    assert {op.name for op in collectives} <= waited, waited
+    assert out.shape.rank == 2
+    # The span is over: the next collective reports alone again.
+    with tf.Graph().as_default() as after:
+        exchange.all_to_all(tf.zeros([2, 4], tf.int64))
+    assert _marks(after) == {"started": 1, "finished": 1}

@@ -44,6 +44,9 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
     for shard in two:
         after_second, at_end = (int(n) for n in shard["threads"])
         assert at_end - after_second < STEPS - 2, shard["threads"]
+        # Every start reported to the collective watchdog was matched by its end: a
+        # collective left pending would abort an idle rank once the timeout passed.
+        assert int(shard["pending"]) == 0
     # Table a admits on the counts of both ranks' batches: some keys stay counted only.
     assert len(one["a/counted"]) > 0
     np.testing.assert_array_equal(

@@ -69,33 +69,35 @@ class BatchExchange:
             token = process(received, received_counts, step_time)
             return token, read(token)
 
-        received, received_counts, step_time = self.exchange.all_to_all_dynamic(
-            self.send, self.counts, PAD_KEY, self.timestamp)
-        self.m = tf.shape(received)[1]
-        arguments = [received, received_counts, step_time]
-        if not any(table.rows_on == "device" for table in router.tables):
-            # One numpy function, not two: each call on the step's critical path takes the
-            # GIL from the input pipeline's thread once more.
-            self.token, reply = tf.numpy_function(
-                process_and_read, arguments, [tf.int64, tf.float32], stateful=True,
-                name="sparseflow_owner_lookup")
-            device = []
-        else:
-            self.token = tf.numpy_function(process, arguments, tf.int64, stateful=True,
-                                           name="sparseflow_owner_keys")
-            device = self._device_reads(width)
-            # After the device tables' reads: the host read releases an evaluation's keys.
-            with tf.control_dependencies([values for _, values in device]):
-                reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
-                                          name="sparseflow_owner_gather")
-        reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
-        if device:   # the tables' entries are disjoint: one scatter for all of them
-            entries = tf.concat([e for e, _ in device], 0)
-            values = tf.concat([v for _, v in device], 0)
-            flat = tf.tensor_scatter_nd_add(tf.reshape(reply, [-1, width]), entries[:, None],
-                                            values)
-            reply = tf.reshape(flat, tf.shape(reply))
-        back = tf.reshape(self.exchange.all_to_all(reply), [-1, width])
+        # The counts', keys' and rows' collectives report to the watchdog as one.
+        with self.exchange.watched_as_one():
+            received, received_counts, step_time = self.exchange.all_to_all_dynamic(
+                self.send, self.counts, PAD_KEY, self.timestamp)
+            self.m = tf.shape(received)[1]
+            arguments = [received, received_counts, step_time]
+            if not any(table.rows_on == "device" for table in router.tables):
+                # One numpy function, not two: each call on the step's critical path takes the
+                # GIL from the input pipeline's thread once more.
+                self.token, reply = tf.numpy_function(
+                    process_and_read, arguments, [tf.int64, tf.float32], stateful=True,
+                    name="sparseflow_owner_lookup")
+                device = []
+            else:
+                self.token = tf.numpy_function(process, arguments, tf.int64, stateful=True,
+                                               name="sparseflow_owner_keys")
+                device = self._device_reads(width)
+                # After the device tables' reads: the host read releases an evaluation's keys.
+                with tf.control_dependencies([values for _, values in device]):
+                    reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
+                                              name="sparseflow_owner_gather")
+            reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
+            if device:   # the tables' entries are disjoint: one scatter for all of them
+                entries = tf.concat([e for e, _ in device], 0)
+                values = tf.concat([v for _, v in device], 0)
+                flat = tf.tensor_scatter_nd_add(tf.reshape(reply, [-1, width]), entries[:, None],
+                                                values)
+                reply = tf.reshape(flat, tf.shape(reply))
+            back = tf.reshape(self.exchange.all_to_all(reply), [-1, width])
         self.where = self.place[:, 0] * self.m + self.place[:, 1]
         if keys is None:
             rows = tf.gather(back, self.where)

@@ -6,7 +6,8 @@ the op that sleeps out the whole timeout (``Env::SchedClosureAfter``): a 2-rank 
 of pids within minutes. The graph faces put one deadline on a step's ``Session.run``
 instead (``RunOptions.timeout_in_ms``); eager code and ``tf.function``s have no such option,
 so their collectives carry no timeout and this watchdog gives them one: each collective
-reports its start and its end, and when one has been waiting for ``timeout_seconds`` with
+reports its start and its end (an exchange's chained collectives report as one,
+``CountedExchange.watched_as_one``), and when one has been waiting for ``timeout_seconds`` with
 no collective of the process starting or ending meanwhile, the watchdog aborts the
 process's collectives with ``DeadlineExceededError`` (TensorFlow's own way out of a
 collective whose peer is gone, the one ``MultiWorkerMirroredStrategy``'s health check

@@ -110,6 +110,10 @@ def main(out_dir: str, steps: int, keras_layer: bool, save_at: int = 0, save_to:
                     layer.save_own_variables(f.create_group(LAYER_GROUP))
     threads.append(len(os.listdir("/proc/self/task")))
     out = {"losses": np.asarray(losses), "w": w.numpy(), "threads": np.asarray(threads)}
+    from sparseflow.distributed import collective_watchdog
+    watchdog = collective_watchdog._WATCHDOG   # noqa: SLF001 -- the test reads its count
+    # Collectives the watchdog still counts as waiting once every step has returned.
+    out["pending"] = -1 if watchdog is None else watchdog._pending   # noqa: SLF001
     tables = list(embedding.tables.values()) + ([layer.table] if layer is not None else [])
     for table in tables:
         for name, value in sorted_state(table).items():
