@@ -340,3 +340,25 @@ def test_collectives_watched_as_one_report_one_start_and_one_end():
     with tf.Graph().as_default() as after:
         exchange.all_to_all(tf.zeros([2, 4], tf.int64))
     assert _marks(after) == {"started": 1, "finished": 1}
+
+
+def test_a_span_whose_end_a_numpy_function_reports_adds_no_end_of_its_own():
+    """The owner's update reports the gradients' collective's end itself (take_end): the
+    span then adds only its start; the callable is the watchdog's end report, and a no-op
+    where nothing watches (one worker's exchange, a nested span)."""
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+    from sparseflow.distributed.collective_watchdog import process_watchdog
+
+    exchange = exchange_module.CountedExchange(2, 5.0, 1013)
+    with tf.Graph().as_default() as graph:
+        with exchange.watched_as_one() as span:
+            exchange.all_to_all(tf.zeros([2, 3], tf.float32))
+            with exchange.watched_as_one() as inner:
+                assert inner.take_end() is exchange_module._no_report   # noqa: SLF001
+            end = span.take_end()
+    assert _marks(graph) == {"started": 1, "finished": 0}
+    assert end == process_watchdog(5.0).finished
+    with exchange_module.CountedExchange(1, 5.0, 1014).watched_as_one() as alone:
+        assert alone.take_end() is exchange_module._no_report   # noqa: SLF001

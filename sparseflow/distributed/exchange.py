@@ -72,8 +72,8 @@ class Exchange:
     def watched_as_one(self):
         """The collectives built inside report to the process's collective watchdog as one
         (:class:`CountedExchange`): started before the first, finished after all of them.
-        Other exchanges have no watchdog: nothing changes."""
-        yield
+        Other exchanges have no watchdog: nothing changes. Yields a :class:`WatchSpan`."""
+        yield WatchSpan(None)
 
     def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
@@ -300,15 +300,15 @@ class CountedExchange(Exchange):
         work between its collectives runs (the owners' key processing), far below any
         timeout. A collective whose instance key is counted at run time reports alone."""
         if self._span.current is not None:   # nested: the outer span reports
-            yield
+            yield WatchSpan(None)
             return
-        span = _Span()
+        span = WatchSpan(self._watchdog)
         self._span.current = span
         try:
-            yield
+            yield span
         finally:
             self._span.current = None
-        if span.outputs:
+        if span.outputs and not span.end_taken:
             # A stateful numpy function: a tf.function runs it in the chain's order even
             # though nothing reads it; eagerly it runs here, after the collectives.
             _after_mark(span.outputs[-1], self._watchdog.finished,
@@ -367,18 +367,33 @@ def _signature_group(signature: tuple) -> int:
     return group
 
 
-class _Span:
-    """The collectives of one :meth:`CountedExchange.watched_as_one`, in build order."""
+class WatchSpan:
+    """The collectives of one :meth:`Exchange.watched_as_one`, in build order."""
 
-    def __init__(self):
+    def __init__(self, watchdog):
         self.outputs: list = []
+        self.end_taken = False
+        self._watchdog = watchdog
+
+    def take_end(self):
+        """The span's end report, as a callable for the numpy function that consumes the
+        span's last collective to call first (instead of a numpy function of its own).
+        Returns a no-op when no watchdog watches the span."""
+        if self._watchdog is None:
+            return _no_report
+        self.end_taken = True
+        return self._watchdog.finished
+
+
+def _no_report() -> None:
+    """Nothing watches the collectives: nothing to report."""
 
 
 class _OpenSpan(threading.local):
     """The span this thread is building, or None."""
 
     def __init__(self):
-        self.current: _Span | None = None
+        self.current: WatchSpan | None = None
 
 
 def _after_mark(x: tf.Tensor, mark, name: str, after: list | None = None) -> tf.Tensor:
