@@ -480,6 +480,51 @@ def test_take_entries_concatenates_each_senders_range(counts):
     assert weights.tolist() == [int(received[i, 1]) for i in want]
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("n, size", [(1, 0), (1, 5), (3, 0), (3, 1), (4, 40), (7, 9)])
+def test_owned_unique_keys_joins_the_tables_keys_with_their_owners_and_counts(n, size, mixed):
+    """Each table's unique keys (at its start in dedup_batch's layout, gaps between) joined
+    one table after another, each key's owner by the rule, and keys per owner and table."""
+    rng = np.random.default_rng(size + n)
+    n_unique = np.array([size // 3, 0, size - size // 3], np.int64)   # an empty table too
+    starts = np.array([0, size // 3 + 2, size // 3 + 5], np.int64)
+    uniq = rng.integers(-(2**62), 2**62, size + 5).astype(np.int64)
+    weight = rng.integers(1, 5, size + 5).astype(np.int64)
+    joined = np.concatenate([uniq[a:a + u] for a, u in zip(starts, n_unique)])
+    weights = np.concatenate([weight[a:a + u] for a, u in zip(starts, n_unique)])
+    total = int(n_unique.sum())
+    uniq_all, weight_all = np.empty(total, np.int64), np.empty(total, np.int64)
+    owner_all, table_ends = np.empty(total, np.int32), np.empty(3, np.int64)
+    counts = np.full((n, 3), 99, np.int32)
+    shard_kernels.owned_unique_keys(uniq, weight, starts, n_unique, n, mixed, uniq_all,
+                                    weight_all, owner_all, table_ends, counts)
+    np.testing.assert_array_equal(uniq_all, joined)
+    np.testing.assert_array_equal(weight_all, weights)
+    np.testing.assert_array_equal(table_ends, np.cumsum(n_unique))
+    want_owner = (owner_of(joined, n, "mix") if mixed
+                  else np.array([k % n for k in joined.tolist()], np.int32))
+    np.testing.assert_array_equal(owner_all, want_owner)
+    tables = np.repeat(np.arange(3), n_unique)
+    for o in range(n):
+        for t in range(3):
+            assert counts[o, t] == int(((want_owner == o) & (tables == t)).sum())
+
+
+def test_place_restores_offsets_each_features_restore_by_its_tables_first_key():
+    """Segments in table order (feature 2 then 0 of table 0, feature 1 of table 1) come out
+    feature after feature, each restore index shifted by its table's first unique key."""
+    restore = np.array([0, 1, 0, 2, 2, 1, 0, 0, 1], np.int32)
+    lengths = np.array([3, 4, 2], np.int64)   # feature 2: 3 keys, 0: 4, 1: 2
+    features = np.array([2, 0, 1], np.int64)
+    segment_tables = np.array([0, 0, 1], np.int64)
+    table_firsts = np.array([0, 3], np.int64)
+    out = np.full(9, -7, np.int32)
+    shard_kernels.place_restores(restore, lengths, features, segment_tables, table_firsts,
+                                 out)
+    # feature 0 (restore[3:7], table 0), feature 1 (restore[7:9] + 3), feature 2 (restore[0:3])
+    assert out.tolist() == [2, 2, 1, 0] + [3, 4] + [0, 1, 0]
+
+
 @pytest.mark.parametrize("n, size", [(1, 0), (1, 5), (3, 0), (3, 1), (4, 40), (7, 9)])
 def test_lay_out_keys_puts_each_table_after_the_previous_in_its_owners_row(n, size):
     rng = np.random.default_rng(size + n)
@@ -487,12 +532,9 @@ def test_lay_out_keys_puts_each_table_after_the_previous_in_its_owners_row(n, si
     uniq = rng.integers(-(2**62), 2**62, size).astype(np.int64)
     weight = rng.integers(1, 5, size).astype(np.int64)
     table_ends = np.array([size // 3, size // 3, size], np.int64)   # an empty table too
-    counts = np.empty((n, 3), np.int32)
-    shard_kernels.count_by_owner(owner, table_ends, counts)
     tables = np.searchsorted(table_ends, np.arange(size), side="right")
-    for o in range(n):
-        for t in range(3):
-            assert counts[o, t] == int(((owner == o) & (tables == t)).sum())
+    counts = np.array([[int(((owner == o) & (tables == t)).sum()) for t in range(3)]
+                       for o in range(n)], np.int32).reshape(n, 3)
     width = max(int(counts.sum(1).max()) if size else 0, 1)
     starts = (np.cumsum(counts, axis=1) - counts).astype(np.int64)
     send = np.full((n * width, 2), -1, np.int64)

@@ -31,11 +31,12 @@ import time
 import numpy as np
 
 from sparseflow import tensor_buffers
-from sparseflow.distributed.sharding import PAD_KEY, owner_of
+from sparseflow.distributed.sharding import HASHES, PAD_KEY
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.key_processor import (SendCountOverflowError, dedup_batch,
                                                process_tables)
+from sparseflow.validation import check_one_of
 
 
 def _timed(stage: str):
@@ -92,6 +93,10 @@ class KeyRouter:
         self._order = [k for members in self.by_table for k in members]
         self._coefs = np.asarray([feature_coefs[k] for k in self._order], np.int32)
         self._table_segs = np.cumsum([len(m) for m in self.by_table], dtype=np.int64)
+        self._features = np.asarray(self._order, np.int64)
+        self._segment_tables = np.repeat(np.arange(len(tables), dtype=np.int64),
+                                         [len(m) for m in self.by_table])
+        check_one_of("hash", hash, HASHES)
         self.max_dim = max(t.dim for t in tables)
         self._pending: dict[int, list] = {}
         # Seconds spent in each stage (for the run's summary: where a step's time goes).
@@ -134,26 +139,19 @@ class KeyRouter:
         n, n_tables = self.world_size, len(self.tables)
         keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in self._order]
         ordered = np.fromiter((x.shape[0] for x in keys), np.int64, len(keys))
-        lengths = np.zeros(self.n_features, np.int64)
-        lengths[self._order] = ordered
         key_ends = np.cumsum(ordered)
         batch = dedup_batch(_joined(keys, np.int64), key_ends, self._coefs, self._table_segs)
-        table_ends = np.cumsum(batch.n_unique, dtype=np.int64)
-        offset = int(table_ends[-1]) if n_tables else 0
-        # Table t's unique keys at table_ends[t-1] onwards of every table's, one after another.
-        firsts = table_ends - batch.n_unique
-        uniq_all = _joined([batch.uniq[a:a + u] for a, u in zip(batch.starts, batch.n_unique)],
-                           np.int64)
-        weight_all = _joined([batch.weight[a:a + u]
-                              for a, u in zip(batch.starts, batch.n_unique)], np.int64)
-        owner_all = owner_of(uniq_all, n, self.hash)
-        table_of_feature = np.repeat(np.arange(n_tables), [len(m) for m in self.by_table])
-        gathers = [None] * self.n_features
-        for k, t, start, end in zip(self._order, table_of_feature, key_ends - ordered,
-                                    key_ends):
-            gathers[k] = batch.restore[start:end] + np.int32(firsts[t])
+        # Every table's unique keys one table after another, their owners and counts: one
+        # kernel (the Keras face routes each of 26 tables on its own: per call, each numpy
+        # step here cost more than the work).
+        offset = int(batch.n_unique.sum())
+        uniq_all, weight_all = np.empty(offset, np.int64), np.empty(offset, np.int64)
+        owner_all = np.empty(offset, np.int32)
+        table_ends = np.empty(n_tables, np.int64)
         counts = np.empty((n, n_tables), np.int32)
-        shard_kernels.count_by_owner(owner_all, table_ends, counts)
+        shard_kernels.owned_unique_keys(batch.uniq, batch.weight, batch.starts,
+                                        batch.n_unique, n, self.hash == "mix", uniq_all,
+                                        weight_all, owner_all, table_ends, counts)
         if self.send_count is not None:
             width = self.send_count * n_tables
             if counts.size and counts.max() > self.send_count:
@@ -173,8 +171,12 @@ class KeyRouter:
         place = np.empty((offset, 2), np.int32)
         shard_kernels.lay_out_keys(uniq_all, weight_all, owner_all, table_ends, starts, width,
                                    send, place)
+        lengths = np.zeros(self.n_features, np.int64)
+        lengths[self._order] = ordered
         sizes = np.concatenate([batch.n_unique, lengths]).astype(np.int64)
-        gather = (np.concatenate(gathers) if gathers else np.zeros(0)).astype(np.int32)
+        gather = np.empty(int(key_ends[-1]) if key_ends.shape[0] else 0, np.int32)
+        shard_kernels.place_restores(batch.restore, ordered, self._features,
+                                     self._segment_tables, table_ends - batch.n_unique, gather)
         self._commit_ahead()
         return send.reshape(n, width, 2), counts, place, gather, sizes
 

@@ -45,15 +45,69 @@ def bucket_positions(owners, world, width, counts, positions):
 
 
 @numba.njit(**_JIT)
-def count_by_owner(owners, table_ends, counts):
-    """counts[o, t] = how many of table t's unique keys (``owners[table_ends[t-1]:
-    table_ends[t]]``) worker o owns; ``counts`` int32 ``[world, tables]``, zeroed first."""
+def owned_unique_keys(uniq, weight, starts, n_unique, world, mixed, uniq_all, weight_all,
+                      owner_all, table_ends, counts):
+    """Every table's unique keys of a deduplicated batch, one table after another, with
+    their owners and how many of each table each owner gets: one pass instead of a join, an
+    owner rule and a count.
+
+    Args:
+      uniq, weight: int64, table t's unique keys and weighted counts at ``starts[t]`` on
+        (``n_unique[t]`` of them), as ``dedup_batch`` leaves them.
+      world, mixed: the owner rule, as :func:`owners_of`.
+      uniq_all, weight_all: int64 ``[sum(n_unique)]`` out, the keys and weights joined.
+      owner_all: int32 ``[sum(n_unique)]`` out, each key's owner.
+      table_ends: int64 ``[T]`` out, table t's exclusive end in the joined arrays.
+      counts: int32 ``[world, T]`` out, ``counts[o, t]`` keys of table t owner o gets.
+    """
     counts[:, :] = 0
-    start = 0
-    for t in range(table_ends.shape[0]):
-        for u in range(start, table_ends[t]):
-            counts[owners[u], t] += 1
-        start = table_ends[t]
+    w = np.int64(world)
+    at = 0
+    for t in range(n_unique.shape[0]):
+        first = starts[t]
+        for u in range(first, first + n_unique[t]):
+            k = uniq[u]
+            uniq_all[at] = k
+            weight_all[at] = weight[u]
+            if mixed:
+                o = np.int64(mix64(k) % np.uint64(world))
+            else:
+                o = k % w
+                if o < 0:
+                    o += w
+            owner_all[at] = o
+            counts[o, t] += 1
+            at += 1
+        table_ends[t] = at
+
+
+@numba.njit(**_JIT)
+def place_restores(restore, lengths, features, segment_tables, table_firsts, out):
+    """Each key's index among every table's unique keys, feature after feature.
+
+    Args:
+      restore: int32, the batch's restore vector, one segment per feature in table order
+        (``lengths[j]`` keys each), indexing its table's unique keys.
+      lengths: int64 ``[F]``, keys per segment.
+      features: int64 ``[F]``, the feature of each segment.
+      segment_tables: int64 ``[F]``, the table of each segment.
+      table_firsts: int64 ``[T]``, table t's first key among every table's unique keys.
+      out: int32 ``[sum(lengths)]`` out, feature 0's keys first.
+    """
+    n_features = lengths.shape[0]
+    by_feature = np.zeros(n_features, np.int64)
+    for j in range(n_features):
+        by_feature[features[j]] = lengths[j]
+    offsets = np.zeros(n_features, np.int64)
+    for k in range(1, n_features):
+        offsets[k] = offsets[k - 1] + by_feature[k - 1]
+    at = 0
+    for j in range(n_features):
+        to = offsets[features[j]]
+        shift = np.int32(table_firsts[segment_tables[j]])
+        for i in range(lengths[j]):
+            out[to + i] = restore[at + i] + shift
+        at += lengths[j]
 
 
 @numba.njit(**_JIT)
