@@ -9,6 +9,8 @@ Criteo-shaped step) was copied once more after the kernel had written it. Arrays
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALIGNMENT = 64
@@ -26,7 +28,9 @@ def empty(shape, dtype) -> np.ndarray:
       The array (a view into a slightly larger byte buffer, which it keeps alive).
     """
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    # math.prod, not np.prod: ~2 us a call, and the owners' numpy functions make several per
+    # exchange.
+    count = int(math.prod(shape)) if isinstance(shape, (tuple, list)) else int(shape)
     raw = np.empty(count * dtype.itemsize + ALIGNMENT, np.uint8)
     offset = -raw.ctypes.data % ALIGNMENT
     return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
