@@ -433,3 +433,29 @@ def test_a_deferred_release_frees_evicted_rows_before_the_next_batch_takes_rows(
     result = processor.process(np.arange(10, 14, dtype=np.int64), np.array([4]),
                                np.ones(1, np.int32), train=True, timestamp=2)
     assert sorted(result.rows.tolist()) == [0, 1, 2, 3]
+
+
+def test_a_release_queued_during_a_locked_section_is_applied_after_it_not_inside():
+    """Reads nested in a section that holds the lock (size, rows_free, rows_waiting) see the
+    state the section started with: a release another thread queued meanwhile is applied on
+    the next outermost entry, so the counts always add up to the table's rows."""
+    import threading
+
+    processor = KeyProcessor("t", 6, None, lambda rows, keys: None)
+    processor.track_in_flight = True
+    processor.process(np.arange(4, dtype=np.int64), np.array([4]), np.ones(1, np.int32),
+                      train=True, timestamp=1)
+    processor.evict(0)   # 4 rows wait for batch 0
+
+    def total():
+        return processor.size + processor.rows_free + processor.rows_waiting
+
+    with processor.lock:
+        released = threading.Thread(target=processor.release, args=(0,))
+        released.start()
+        released.join(5)
+        assert processor._released   # noqa: SLF001 -- queued behind this section
+        assert (processor.size, processor.rows_waiting, processor.rows_free) == (0, 4, 2)
+        assert total() == 6
+    assert (processor.size, processor.rows_waiting, processor.rows_free) == (0, 0, 6)
+    assert total() == 6

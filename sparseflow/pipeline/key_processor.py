@@ -82,28 +82,25 @@ _SCRATCH = _Scratch()
 
 
 class _StateLock:
-    """A key processor's lock (reentrant). Entering it first applies the releases that
+    """A key processor's lock (reentrant). Taking it first applies the releases that
     :meth:`KeyProcessor.release` left while another thread held it, so that whoever holds it
-    sees every batch the model has read."""
+    sees every batch the model has read. Only the outermost entry applies them: a section
+    that re-enters (a property read under the lock) sees the state it started with."""
 
-    __slots__ = ("_lock", "_processor")
+    __slots__ = ("_lock", "_processor", "_depth")
 
     def __init__(self, processor: "KeyProcessor"):
         self._lock = threading.RLock()
         self._processor = processor
+        self._depth = 0   # entries of the holding thread (only it changes this)
 
     def __enter__(self):
         self._lock.acquire()
-        if self._processor._released:   # noqa: SLF001 -- the processor's own lock
-            try:
-                self._processor._apply_released()   # noqa: SLF001
-            except BaseException:
-                self._lock.release()
-                raise
+        self._entered()
         return self
 
     def __exit__(self, *exc_info):
-        self._lock.release()
+        self.release()
         return False
 
     def acquire_now(self) -> bool:
@@ -111,17 +108,22 @@ class _StateLock:
         deferred releases applied). Pair with :meth:`release`."""
         if not self._lock.acquire(blocking=False):
             return False
-        if self._processor._released:   # noqa: SLF001
-            try:
-                self._processor._apply_released()   # noqa: SLF001
-            except BaseException:
-                self._lock.release()
-                raise
+        self._entered()
         return True
 
     def release(self) -> None:
-        """Releases a lock taken by :meth:`acquire_now`."""
+        """Leaves one entry (of ``with`` or :meth:`acquire_now`)."""
+        self._depth -= 1
         self._lock.release()
+
+    def _entered(self) -> None:
+        self._depth += 1
+        if self._depth == 1 and self._processor._released:   # noqa: SLF001 -- its own lock
+            try:
+                self._processor._apply_released()   # noqa: SLF001
+            except BaseException:
+                self.release()
+                raise
 
 
 def _thread_scratch(n_keys: int) -> _Scratch:
@@ -639,15 +641,17 @@ class KeyProcessor:
     @property
     def size(self) -> int:
         """Keys that own a row."""
-        return int(self.state[kk.STATE_NEXT_ROW] - self.state[kk.STATE_FREE_TOP]
-                   - self.rows_waiting)
+        with self.lock:   # one view: a deferred release may move rows to the free list
+            return int(self.state[kk.STATE_NEXT_ROW] - self.state[kk.STATE_FREE_TOP]
+                       - self.rows_waiting)
 
     @property
     def keys_counted(self) -> int | None:
         """Keys counted for admission that own no row yet; None when a sketch counts them."""
         if self.sketch is not None:
             return None
-        return self.index.size - self.size
+        with self.lock:
+            return self.index.size - self.size
 
     @property
     def rows_free(self) -> int:
