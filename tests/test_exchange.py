@@ -362,3 +362,74 @@ def test_a_span_whose_end_a_numpy_function_reports_adds_no_end_of_its_own():
     assert end == process_watchdog(5.0).finished
     with exchange_module.CountedExchange(1, 5.0, 1014).watched_as_one() as alone:
         assert alone.take_end() is exchange_module._no_report   # noqa: SLF001
+
+
+class _CountingWatchdog:
+    def __init__(self):
+        self.started = self.finished = 0
+
+    def started_call(self):
+        self.started += 1
+
+    def finished_call(self):
+        self.finished += 1
+
+
+def collective_all_to_all_v2(input, **attrs):   # noqa: A002 -- the op's argument name
+    """A stand-in all-to-all (matched by name) that hands its buffer back."""
+    del attrs
+    return tf_identity(input)
+
+
+def tf_identity(x):
+    import tensorflow as tf
+
+    return tf.identity(x)
+
+
+def test_a_span_reports_its_end_once_whether_it_completes_or_fails_eagerly():
+    """Eagerly (the collectives run as they are built): a span that completes reports one
+    start and one end; a span whose body raises after a collective ran, or whose numpy
+    function between collectives fails (guard), still reports its end, once."""
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+
+    exchange = exchange_module.CountedExchange(2, 5.0, 1015)
+    counts = _CountingWatchdog()
+
+    class Watchdog:
+        started = staticmethod(counts.started_call)
+        finished = staticmethod(counts.finished_call)
+
+    exchange._watchdog = Watchdog()   # noqa: SLF001 -- counts the reports
+    x = tf.zeros([2, 3], tf.float32)
+
+    def run():
+        return exchange._run(collective_all_to_all_v2, x,   # noqa: SLF001
+                             communication_hint="auto")
+
+    with exchange.watched_as_one():
+        run()
+        run()
+    assert (counts.started, counts.finished) == (1, 1)
+    with pytest.raises(RuntimeError, match="owner failed"):
+        with exchange.watched_as_one():
+            run()
+            raise RuntimeError("owner failed")
+    assert (counts.started, counts.finished) == (2, 2)
+
+    def failing(token):
+        raise ValueError(f"table full at {token}")
+
+    with pytest.raises(ValueError, match="table full"):
+        with exchange.watched_as_one() as span:
+            run()
+            span.guard(failing)(7)
+    assert (counts.started, counts.finished) == (3, 3)
+    with exchange.watched_as_one() as span:
+        assert span.take_end() is exchange_module._no_report   # noqa: SLF001 -- none yet
+        assert span.guard(failing) is failing   # nothing started: nothing to end
+    assert (counts.started, counts.finished) == (3, 3)
+    with exchange_module.CountedExchange(1, 5.0, 1016).watched_as_one() as alone:
+        assert alone.guard(failing) is failing

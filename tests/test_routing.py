@@ -701,3 +701,11 @@ def test_gathers_has_row_flag_column_marks_the_entries_whose_key_owns_a_row():
         row = shard.processor.lookup(np.array([key], np.int64))[0]
         assert row >= 0
         np.testing.assert_array_equal(reply[s, j, :shard.dim], shard.rows.gather([row])[0])
+
+
+def test_a_router_refuses_an_unknown_owner_rule_or_world_size_when_made():
+    shards = [make_table(name, dim, -1) for name, dim in TABLES]
+    with pytest.raises(ValueError, match="hash"):
+        KeyRouter(shards, TABLE_OF, COEFS, world_size=2, hash="crc")
+    with pytest.raises(ValueError, match="world_size"):
+        KeyRouter(shards, TABLE_OF, COEFS, world_size=0)

@@ -70,7 +70,7 @@ class BatchExchange:
             return token, read(token)
 
         # The counts', keys' and rows' collectives report to the watchdog as one.
-        with self.exchange.watched_as_one():
+        with self.exchange.watched_as_one() as span:
             received, received_counts, step_time = self.exchange.all_to_all_dynamic(
                 self.send, self.counts, PAD_KEY, self.timestamp)
             self.m = tf.shape(received)[1]
@@ -79,17 +79,17 @@ class BatchExchange:
                 # One numpy function, not two: each call on the step's critical path takes the
                 # GIL from the input pipeline's thread once more.
                 self.token, reply = tf.numpy_function(
-                    process_and_read, arguments, [tf.int64, tf.float32], stateful=True,
-                    name="sparseflow_owner_lookup")
+                    span.guard(process_and_read), arguments, [tf.int64, tf.float32],
+                    stateful=True, name="sparseflow_owner_lookup")
                 device = []
             else:
-                self.token = tf.numpy_function(process, arguments, tf.int64, stateful=True,
-                                               name="sparseflow_owner_keys")
-                device = self._device_reads(width)
+                self.token = tf.numpy_function(span.guard(process), arguments, tf.int64,
+                                               stateful=True, name="sparseflow_owner_keys")
+                device = self._device_reads(width, span)
                 # After the device tables' reads: the host read releases an evaluation's keys.
                 with tf.control_dependencies([values for _, values in device]):
-                    reply = tf.numpy_function(read, [self.token], tf.float32, stateful=True,
-                                              name="sparseflow_owner_gather")
+                    reply = tf.numpy_function(span.guard(read), [self.token], tf.float32,
+                                              stateful=True, name="sparseflow_owner_gather")
             reply = tf.ensure_shape(reply, [self.exchange.world_size, None, width])
             if device:   # the tables' entries are disjoint: one scatter for all of them
                 entries = tf.concat([e for e, _ in device], 0)
@@ -108,13 +108,14 @@ class BatchExchange:
         values = tf.gather(back[:, :max_dim] if flags else back, self.where)
         return values, (tf.gather(back[:, max_dim] > 0.5, self.where) if flags else None)
 
-    def _device_reads(self, width: int) -> list:
+    def _device_reads(self, width: int, span) -> list:
         """Per table with rows on the device, the owner's read as TF ops, as one process's
         lookup reads it (``lookup.py``): the rows the key processor assigned since the last
         read written with their initial values, or a tiered table's swaps run, then the
         received entries' rows gathered. Returns ``[(entries int64 [E], values float32
         [E, width])]``, each entry's flat place in the reply and its row (zeros where the
-        key owns none)."""
+        key owns none). ``span``: the forward's ``WatchSpan``, whose end a failing numpy
+        function reports."""
         from sparseflow.lookup import pending_rows_written, read_after, tier_swaps
 
         reads = []
@@ -129,8 +130,8 @@ class BatchExchange:
                 return router.device_entries(token, t)
 
             rows, restore, entries = tf.numpy_function(
-                entries_of, [self.token], [tf.int32, tf.int32, tf.int64], stateful=True,
-                name=f"sparseflow_owner_entries_{table.table_name}")
+                span.guard(entries_of), [self.token], [tf.int32, tf.int32, tf.int64],
+                stateful=True, name=f"sparseflow_owner_entries_{table.table_name}")
             rows.set_shape([None])
             gate = (tier_swaps(table, device_rows, rows) if table.tiers is not None
                     else pending_rows_written(table, device_rows, rows, release=False))

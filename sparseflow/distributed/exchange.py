@@ -297,8 +297,11 @@ class CountedExchange(Exchange):
         to the watchdog as one: started before the first, finished once all have completed.
         Each report is a numpy function on the chain's path, ~30 us and a turn of the GIL:
         26 Keras layers' exchanges made ~200 of them a step. A span stays pending while the
-        work between its collectives runs (the owners' key processing), far below any
-        timeout. A collective whose instance key is counted at run time reports alone."""
+        work between its collectives runs (the owners' key processing: milliseconds a step,
+        seconds on a first step that loads its kernels, against a default timeout of 300 s).
+        A numpy function between the collectives reports the span's end if it fails
+        (:meth:`WatchSpan.guard`): the rest of the span never runs then. A collective whose
+        instance key is counted at run time reports alone."""
         if self._span.current is not None:   # nested: the outer span reports
             yield WatchSpan(None)
             return
@@ -306,6 +309,12 @@ class CountedExchange(Exchange):
         self._span.current = span
         try:
             yield span
+        except BaseException:
+            # Eagerly, the span's first collective has run and reported its start: the end
+            # report the span would have added never comes.
+            if span.outputs and not span.end_taken and tf.executing_eagerly():
+                self._watchdog.finished()
+            raise
         finally:
             self._span.current = None
         if span.outputs and not span.end_taken:
@@ -378,11 +387,31 @@ class WatchSpan:
     def take_end(self):
         """The span's end report, as a callable for the numpy function that consumes the
         span's last collective to call first (instead of a numpy function of its own).
-        Returns a no-op when no watchdog watches the span."""
-        if self._watchdog is None:
+        Returns a no-op when no watchdog watches the span or it has no collective yet."""
+        if self._watchdog is None or not self.outputs:
             return _no_report
         self.end_taken = True
         return self._watchdog.finished
+
+    def guard(self, function):
+        """``function`` for a numpy function run between the span's collectives: if it
+        raises, the step stops there and the span's end report never runs, so the wrapper
+        reports it before the error goes on (else the watchdog would count the span pending
+        and abort the rank's collectives once the timeout passed). ``function`` itself
+        when no watchdog watches the span or it has no collective yet (nothing started)."""
+        if self._watchdog is None or not self.outputs:
+            return function
+        finished = self._watchdog.finished
+
+        def guarded(*args):
+            try:
+                return function(*args)
+            except BaseException:
+                self.end_taken = True   # eagerly, the span's own exit must not report again
+                finished()
+                raise
+
+        return guarded
 
 
 def _no_report() -> None:

@@ -36,7 +36,7 @@ from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.key_processor import (SendCountOverflowError, dedup_batch,
                                                process_tables)
-from sparseflow.validation import check_one_of
+from sparseflow.validation import INT32_MAX, check_int, check_one_of
 
 
 def _timed(stage: str):
@@ -97,6 +97,7 @@ class KeyRouter:
         self._segment_tables = np.repeat(np.arange(len(tables), dtype=np.int64),
                                          [len(m) for m in self.by_table])
         check_one_of("hash", hash, HASHES)
+        check_int("world_size", world_size, 1, INT32_MAX)
         self.max_dim = max(t.dim for t in tables)
         self._pending: dict[int, list] = {}
         # Seconds spent in each stage (for the run's summary: where a step's time goes).
