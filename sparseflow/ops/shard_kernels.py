@@ -12,19 +12,23 @@ from sparseflow.ops.batch_kernels import gather_rows
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 
+@numba.njit(inline="always", **_JIT)
+def owner_of_key(key, world, mixed):
+    """The worker owning ``key``: ``key mod world`` (non-negative for negative keys, Rec
+    SDK's rule), or ``mix64(key) mod world`` when ``mixed`` (for keys whose low bits are
+    skewed, e.g. multiples of the world size)."""
+    if mixed:
+        return np.int32(mix64(key) % np.uint64(world))
+    w = np.int64(world)
+    r = key % w
+    return np.int32(r + w if r < 0 else r)
+
+
 @numba.njit(**_JIT)
 def owners_of(keys, world, mixed, out):
-    """out[i] = the worker owning keys[i]: ``key mod world`` (non-negative for negative keys,
-    Rec SDK's rule), or ``mix64(key) mod world`` when ``mixed`` (for keys whose low bits are
-    skewed, e.g. multiples of the world size)."""
-    w = np.int64(world)
+    """out[i] = :func:`owner_of_key` of keys[i]."""
     for i in range(keys.shape[0]):
-        k = keys[i]
-        if mixed:
-            out[i] = np.int32(mix64(k) % np.uint64(world))
-        else:
-            r = k % w
-            out[i] = np.int32(r + w if r < 0 else r)
+        out[i] = owner_of_key(keys[i], world, mixed)
 
 
 @numba.njit(**_JIT)
@@ -54,14 +58,13 @@ def owned_unique_keys(uniq, weight, starts, n_unique, world, mixed, uniq_all, we
     Args:
       uniq, weight: int64, table t's unique keys and weighted counts at ``starts[t]`` on
         (``n_unique[t]`` of them), as ``dedup_batch`` leaves them.
-      world, mixed: the owner rule, as :func:`owners_of`.
+      world, mixed: the owner rule, as :func:`owner_of_key`.
       uniq_all, weight_all: int64 ``[sum(n_unique)]`` out, the keys and weights joined.
       owner_all: int32 ``[sum(n_unique)]`` out, each key's owner.
       table_ends: int64 ``[T]`` out, table t's exclusive end in the joined arrays.
       counts: int32 ``[world, T]`` out, ``counts[o, t]`` keys of table t owner o gets.
     """
     counts[:, :] = 0
-    w = np.int64(world)
     at = 0
     for t in range(n_unique.shape[0]):
         first = starts[t]
@@ -69,12 +72,7 @@ def owned_unique_keys(uniq, weight, starts, n_unique, world, mixed, uniq_all, we
             k = uniq[u]
             uniq_all[at] = k
             weight_all[at] = weight[u]
-            if mixed:
-                o = np.int64(mix64(k) % np.uint64(world))
-            else:
-                o = k % w
-                if o < 0:
-                    o += w
+            o = owner_of_key(k, world, mixed)
             owner_all[at] = o
             counts[o, t] += 1
             at += 1
