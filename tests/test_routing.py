@@ -514,7 +514,7 @@ def test_place_restores_offsets_each_features_restore_by_its_tables_first_key():
     """Segments in table order (feature 2 then 0 of table 0, feature 1 of table 1) come out
     feature after feature, each restore index shifted by its table's first unique key."""
     restore = np.array([0, 1, 0, 2, 2, 1, 0, 0, 1], np.int32)
-    lengths = np.array([3, 4, 2], np.int64)   # feature 2: 3 keys, 0: 4, 1: 2
+    lengths = np.array([4, 2, 3], np.int64)   # per feature: 0 has 4 keys, 1 has 2, 2 has 3
     features = np.array([2, 0, 1], np.int64)
     segment_tables = np.array([0, 0, 1], np.int64)
     table_firsts = np.array([0, 3], np.int64)

@@ -90,10 +90,9 @@ class KeyRouter:
                          for i in range(len(tables))]
         # Features in table order, and where each table's end among them: one dedup call
         # per batch for every table.
-        self._order = [k for members in self.by_table for k in members]
+        self._order = np.asarray([k for members in self.by_table for k in members], np.int64)
         self._coefs = np.asarray([feature_coefs[k] for k in self._order], np.int32)
         self._table_segs = np.cumsum([len(m) for m in self.by_table], dtype=np.int64)
-        self._features = np.asarray(self._order, np.int64)
         self._segment_tables = np.repeat(np.arange(len(tables), dtype=np.int64),
                                          [len(m) for m in self.by_table])
         check_one_of("hash", hash, HASHES)
@@ -176,8 +175,8 @@ class KeyRouter:
         lengths[self._order] = ordered
         sizes = np.concatenate([batch.n_unique, lengths]).astype(np.int64)
         gather = np.empty(int(key_ends[-1]) if key_ends.shape[0] else 0, np.int32)
-        shard_kernels.place_restores(batch.restore, ordered, self._features,
-                                     self._segment_tables, table_ends - batch.n_unique, gather)
+        shard_kernels.place_restores(batch.restore, lengths, self._order, self._segment_tables,
+                                     table_ends - batch.n_unique, gather)
         self._commit_ahead()
         return send.reshape(n, width, 2), counts, place, gather, sizes
 

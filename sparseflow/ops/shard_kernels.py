@@ -85,27 +85,25 @@ def place_restores(restore, lengths, features, segment_tables, table_firsts, out
 
     Args:
       restore: int32, the batch's restore vector, one segment per feature in table order
-        (``lengths[j]`` keys each), indexing its table's unique keys.
-      lengths: int64 ``[F]``, keys per segment.
+        (feature ``features[j]``'s keys in segment j), indexing its table's unique keys.
+      lengths: int64 ``[F]``, keys per feature, in feature order.
       features: int64 ``[F]``, the feature of each segment.
       segment_tables: int64 ``[F]``, the table of each segment.
       table_firsts: int64 ``[T]``, table t's first key among every table's unique keys.
       out: int32 ``[sum(lengths)]`` out, feature 0's keys first.
     """
     n_features = lengths.shape[0]
-    by_feature = np.zeros(n_features, np.int64)
-    for j in range(n_features):
-        by_feature[features[j]] = lengths[j]
     offsets = np.zeros(n_features, np.int64)
     for k in range(1, n_features):
-        offsets[k] = offsets[k - 1] + by_feature[k - 1]
+        offsets[k] = offsets[k - 1] + lengths[k - 1]
     at = 0
     for j in range(n_features):
-        to = offsets[features[j]]
+        f = features[j]
+        to = offsets[f]
         shift = np.int32(table_firsts[segment_tables[j]])
-        for i in range(lengths[j]):
+        for i in range(lengths[f]):
             out[to + i] = restore[at + i] + shift
-        at += lengths[j]
+        at += lengths[f]
 
 
 @numba.njit(**_JIT)
