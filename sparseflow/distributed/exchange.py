@@ -279,15 +279,10 @@ class CountedExchange(Exchange):
         group = _signature_group((self.group_key, chain, op.__name__, shape, x.dtype.name,
                                   tuple(sorted(attrs.items()))))
         span = self._span.current
-        if span is None:
-            out = self._collective(op, _after_mark(x, watchdog.started,
-                                                   "sparseflow_collective_started"),
-                                   group, key, **attrs)
-        else:
-            if not span.outputs:
-                x = _after_mark(x, watchdog.started, "sparseflow_collective_started")
-            out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
-                     ordering_token=[], timeout_seconds=0.0, **attrs)
+        if span is None or not span.outputs:   # a span's first collective reports its start
+            x = _after_mark(x, watchdog.started, "sparseflow_collective_started")
+        out = self._collective(op, x, group, key, report_end=span is None, **attrs)
+        if span is not None:
             span.outputs.append(out)
         return out if width is None else out[:, :width]
 
@@ -320,13 +315,16 @@ class CountedExchange(Exchange):
         if span.outputs and not span.end_taken:
             # A stateful numpy function: a tf.function runs it in the chain's order even
             # though nothing reads it; eagerly it runs here, after the collectives.
-            _after_mark(span.outputs[-1], self._watchdog.finished,
-                        "sparseflow_collective_finished", after=span.outputs)
+            _mark(self._watchdog.finished, "sparseflow_collective_finished", span.outputs)
 
-    def _collective(self, op, x: tf.Tensor, group, key, **attrs) -> tf.Tensor:
-        """``op`` of ``x`` with these ids, no timeout, the watchdog told when it ends."""
+    def _collective(self, op, x: tf.Tensor, group, key, report_end: bool = True,
+                    **attrs) -> tf.Tensor:
+        """``op`` of ``x`` with these ids, no timeout; the watchdog told when it ends unless
+        ``report_end`` is False (a span reports it)."""
         out = op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
                  ordering_token=[], timeout_seconds=0.0, **attrs)
+        if not report_end:
+            return out
         return _after_mark(out, self._watchdog.finished, "sparseflow_collective_finished")
 
 
@@ -425,10 +423,9 @@ class _OpenSpan(threading.local):
         self.current: WatchSpan | None = None
 
 
-def _after_mark(x: tf.Tensor, mark, name: str, after: list | None = None) -> tf.Tensor:
-    """``x``, once ``mark()`` has been called after ``x`` (and every tensor of ``after``)
-    was computed (a stateful numpy function, which a ``tf.function`` runs even if nothing
-    read it)."""
+def _mark(mark, name: str, after: list):
+    """A stateful numpy function (which a ``tf.function`` runs even if nothing reads it)
+    that calls ``mark()`` once every tensor of ``after`` is computed; eagerly, it runs now."""
     @tf.autograph.experimental.do_not_convert
     def call():
         mark()
@@ -436,10 +433,13 @@ def _after_mark(x: tf.Tensor, mark, name: str, after: list | None = None) -> tf.
 
     # No output: TensorFlow converts each numpy function output (a version check and
     # np.asarray, ~6 us), and a Keras step marks ~100 collectives.
-    ready = _ready(x) if after is None else [t for a in after for t in _ready(a)]
-    with tf.control_dependencies(ready):
-        done = tf.numpy_function(call, [], [], stateful=True, name=name)
-    with tf.control_dependencies([done]):
+    with tf.control_dependencies([t for a in after for t in _ready(a)]):
+        return tf.numpy_function(call, [], [], stateful=True, name=name)
+
+
+def _after_mark(x: tf.Tensor, mark, name: str) -> tf.Tensor:
+    """``x``, once ``mark()`` has been called after ``x`` was computed (:func:`_mark`)."""
+    with tf.control_dependencies([_mark(mark, name, [x])]):
         return tf.identity(x)
 
 
