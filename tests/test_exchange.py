@@ -377,14 +377,10 @@ class _CountingWatchdog:
 
 def collective_all_to_all_v2(input, **attrs):   # noqa: A002 -- the op's argument name
     """A stand-in all-to-all (matched by name) that hands its buffer back."""
-    del attrs
-    return tf_identity(input)
-
-
-def tf_identity(x):
     import tensorflow as tf
 
-    return tf.identity(x)
+    del attrs
+    return tf.identity(input)
 
 
 def test_a_span_reports_its_end_once_whether_it_completes_or_fails_eagerly():
