@@ -20,13 +20,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.checkpoint import table_state
 from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
-from sparseflow.tf2 import saved_state
+from sparseflow.keras import table_store
+from sparseflow.keras.anchored import shaped, train_lookup
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
-from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
 
 _NOT_IN_A_TABLE_NAME = re.compile(f"[^{TABLE_NAME_CHARS}]")
@@ -116,28 +115,14 @@ class SparseEmbedding(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         batch = self.embedding.preprocess({"ids": inputs}, training=bool(training))
-        if not training:
-            return self._shaped(self.embedding.activations(batch, training=False)[0], inputs)
-        embedding = self.embedding
-
-        @tf.custom_gradient
-        def lookup(anchor):
-            activation = embedding.activations(batch, training=True)[0]
-
-            def grad(dy):
-                applied = embedding.update(batch, [dy])
-                # Zero, computed from the update's output: a control dependency on a
-                # constant zero is dropped by graph optimization, and the update with it.
-                return tf.reshape(tf.cast(applied, tf.float32) * 0.0, tf.shape(anchor))
-
-            return activation, grad
-
-        return self._shaped(lookup(tf.convert_to_tensor(self.anchor)), inputs)
-
-    def _shaped(self, out, inputs):
-        if isinstance(inputs, tf.RaggedTensor) or not hasattr(inputs, "shape"):
-            return out
-        return tf.ensure_shape(out, self.compute_output_shape(tuple(inputs.shape)))
+        if training:
+            (out,) = train_lookup(self.embedding, batch, self.anchor)
+        else:
+            out = self.embedding.activations(batch, training=False)[0]
+        shape = (self.compute_output_shape(tuple(inputs.shape))
+                 if hasattr(inputs, "shape") and not isinstance(inputs, tf.RaggedTensor)
+                 else None)
+        return shaped(out, inputs, shape)
 
     def compute_output_shape(self, input_shape):
         batch = tuple(input_shape)[:1]
@@ -160,18 +145,12 @@ class SparseEmbedding(keras.layers.Layer):
 
     def save_own_variables(self, store):
         super().save_own_variables(store)          # the anchor, as "0"
-        arrays = saved_state.layer_arrays(table_state.capture(self.table),
-                                          self.embedding.world())
-        for key, value in arrays.items():
-            store[key] = value
+        table_store.save_table(store, self.table, self.embedding.world())
 
     def load_own_variables(self, store):
-        table = self.table
-        # Files written before slot names were stored: the layer's own layout.
-        state, saved = saved_state.state_from_layer(store, tuple(table.rows.slot_names))
         source = f"the saved layer `{self.name}`"
-        (state,) = states_for_this_rank([state], saved, self.embedding.world(), source)
-        table_state.check_fits(table, state, source)   # refused: nothing of the layer changes
+        # Refused: nothing of the layer changes.
+        states = table_store.read_tables([(store, self.table)], self.embedding.world(), source)
         # Not super(): it expects the store to hold the Keras variables only.
         self.anchor.assign(np.asarray(store["0"]))
-        table_state.apply(table, state, source=source)
+        table_store.apply_tables([self.table], states, source)

@@ -1,0 +1,46 @@
+"""How the Keras layers train an :class:`~sparseflow.tf2.Embedding` under ``model.fit``.
+
+Keras differentiates the loss w.r.t. the layer's trainable variables only. The layers
+therefore expose one scalar "anchor" variable and read their activations through a custom
+gradient of it: computing the anchor's gradient (always zero) applies the tables' sparse
+update to the rows the batch touched, so Keras' optimizer never sees a table.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def train_lookup(embedding, batch: dict, anchor) -> list:
+    """The training activations of a processed ``batch`` (flat, in feature order), whose
+    gradient w.r.t. ``anchor`` applies the sparse update once, for every feature.
+
+    Args:
+      embedding: the layer's ``sparseflow.tf2.Embedding``.
+      batch: what ``embedding.preprocess(..., training=True)`` returned.
+      anchor: the layer's scalar anchor variable.
+
+    Returns:
+      One float32 tensor per feature, as ``embedding.activations`` returns them.
+    """
+    @tf.custom_gradient
+    def lookup(anchor_value):
+        activations = embedding.activations(batch, training=True)
+
+        def grad(*dys):
+            applied = embedding.update(batch, list(dys))
+            # Zero, computed from the update's output: a control dependency on a
+            # constant zero is dropped by graph optimization, and the update with it.
+            return tf.reshape(tf.cast(applied, tf.float32) * 0.0, tf.shape(anchor_value))
+
+        return activations, grad
+
+    out = lookup(tf.convert_to_tensor(anchor))
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def shaped(out: tf.Tensor, ids, shape: tuple | None) -> tf.Tensor:
+    """``out`` with its static ``shape`` set (None, or ragged / shapeless ``ids``: as is)."""
+    if shape is None or isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
+        return out
+    return tf.ensure_shape(out, shape)
