@@ -1,7 +1,8 @@
 """Joins the Keras weight files that N ranks saved into the file one process would save.
 
 Over N ranks each rank's ``model.save_weights`` / ``model.save`` file holds the shard of
-every :class:`~sparseflow.keras.SparseEmbedding` table it owns (and a copy of the replicated
+every :class:`~sparseflow.keras.SparseEmbedding` and
+:class:`~sparseflow.keras.DistributedEmbedding` table it owns (and a copy of the replicated
 dense weights), so it loads on the same N ranks only. The merged file holds every key and
 loads on any number of ranks (each keeps the keys it owns) or in one process.
 """
@@ -114,7 +115,7 @@ def _rank_zero(files: list, paths: list) -> int:
     """The index of rank 0's file (its dense weights are the ones kept)."""
     groups = _layer_groups(files[0])
     if not groups:
-        raise ValueError(f"{paths[0]} holds no sparseflow SparseEmbedding table: there is "
+        raise ValueError(f"{paths[0]} holds no sparseflow Keras layer table: there is "
                          f"nothing to merge.")
     for path, file in zip(paths[1:], files[1:]):
         if _layer_groups(file) != groups:

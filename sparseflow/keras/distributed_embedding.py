@@ -1,0 +1,221 @@
+"""``DistributedEmbedding``: one Keras 3 layer over several sparseflow tables.
+
+Where ``SparseEmbedding`` is one table per layer, this layer holds every table of a model and
+looks all its features up at once, as keras-rs's ``DistributedEmbedding`` and TPUEmbedding
+group their lookups. Under the hood it is one :class:`sparseflow.tf2.Embedding`: per training
+step one key-processing numpy function, one gather and one sparse update for every table, and
+over several ranks one exchange of keys and rows (where 26 ``SparseEmbedding`` layers make 26).
+
+The sparse update runs in the backward pass through the same zero-gradient anchor variable as
+``SparseEmbedding``; ``model.save`` / ``load_model`` and ``save_weights`` / ``load_weights``
+keep every table by key, each table in a group of the layer's variables named after it.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from sparseflow.embed.initializers import init_spec_from_tf
+from sparseflow.keras import table_store
+from sparseflow.keras.anchored import shaped, train_lookup
+from sparseflow.tf2.config import FeatureConfig, TableConfig
+from sparseflow.tf2.embedding import Embedding
+from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
+from sparseflow.validation import fail
+
+# A tf.compat.v1 / TF2-core initializer's class, by the name of the class that implements
+# it, and the Keras class a saved layer rebuilds it as (the per-key rows are checked equal).
+_KERAS_EQUIVALENTS = {
+    "TruncatedNormal": "TruncatedNormal", "RandomNormal": "RandomNormal",
+    "RandomUniform": "RandomUniform", "Constant": "Constant", "Zeros": "Zeros",
+    "Ones": "Ones", "VarianceScaling": "VarianceScaling",
+}
+_SEEDS_TO_COMPARE = (0, 2**63 + 5)   # a seedless initializer must stay seedless
+
+
+@keras.saving.register_keras_serializable(package="sparseflow")
+class DistributedEmbedding(keras.layers.Layer):
+    """Embeddings of several features' raw int ids from sparseflow tables, in one layer.
+
+    Args:
+      feature_configs: ``{feature name: sparseflow.tf2.FeatureConfig}``; several features
+        may share a table. The layer is called with a dict of the same keys and returns a
+        dict of their activations. The dict's keys name the features (a config's own
+        ``name`` is replaced by its key; the caller's config is not changed).
+      optimizer: the sparse optimizer of tables whose ``TableConfig`` sets none
+        (``sparseflow.tf2.SGD``, ``Adagrad``, ``Adam``, ``FTRL``); default ``Adam(0.001)``.
+      **kwargs: Keras layer arguments (``name`` ...).
+
+    Each table's initializer must be a Keras initializer, or a TensorFlow one with a Keras
+    equivalent (``TableConfig``'s default truncated normal has one), so that ``model.save``
+    can write it; tables must not set ``eviction_threshold`` (the layer sees no timestamps).
+
+    Inputs: ``{feature name: ids}``, each ``[batch]`` or ``[batch, n]`` int, or a
+    ``tf.RaggedTensor``. Output: ``{feature name: float32 [batch, dim]}`` (``[batch,
+    max_sequence_length, dim]`` for a sequence feature; ``output_shape + [dim]`` when set).
+
+    Raises:
+      TypeError, ValueError: an argument is invalid, naming it.
+    """
+
+    def __init__(self, feature_configs, optimizer=None, **kwargs):
+        super().__init__(**kwargs)
+        if (not isinstance(feature_configs, dict) or not feature_configs
+                or not all(isinstance(k, str) for k in feature_configs)
+                or not all(isinstance(f, FeatureConfig) for f in feature_configs.values())):
+            fail("feature_configs", "a non-empty dict of feature name (str) to "
+                 "sparseflow.tf2.FeatureConfig", feature_configs, TypeError)
+        if optimizer is None:
+            optimizer = Adam(0.001)
+        elif isinstance(optimizer, dict):
+            optimizer = optimizer_from_config(optimizer)
+        if not isinstance(optimizer, OPTIMIZERS):
+            fail("optimizer", "one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL", optimizer,
+                 TypeError)
+        self.optimizer = optimizer
+        tables: list[TableConfig] = []
+        for f in feature_configs.values():
+            if not any(f.table is t for t in tables):
+                tables.append(f.table)
+        for i, table in enumerate(tables):
+            if table.name is None:
+                fail("feature_configs", f"tables with names (table {i}, {table!r}, has "
+                     f"none): a saved layer keeps each table under its name", None)
+            if table.eviction_threshold is not None:
+                fail("eviction_threshold", f"None for table `{table.name}`: the layer sees no "
+                     f"timestamps, so it cannot evict (use sparseflow.tf2.Embedding with "
+                     f"preprocess(timestamp=...))", table.eviction_threshold)
+        self._keras_initializers = [_keras_initializer(t) for t in tables]
+        self._table_configs = tables
+        # Named by their keys: copies, the caller's configs stay as they were.
+        self.feature_configs = {
+            name: FeatureConfig(f.table, max_sequence_length=f.max_sequence_length,
+                                output_shape=f.output_shape, name=name,
+                                padding_key=f.padding_key)
+            for name, f in feature_configs.items()}
+        self.embedding = Embedding(self.feature_configs, optimizer,
+                                   name=f"{self.name}_embedding")
+        self.supports_jit = False   # numpy functions have no XLA kernel
+        self.anchor = self.add_weight(name="sparse_update_anchor", shape=(),
+                                      initializer="zeros", trainable=True)
+
+    @property
+    def tables(self) -> dict:
+        """``{table name: SparseTable}``: the live tables (``stats()``, ``export()``)."""
+        return {t.table_name: t for t in self.embedding.tables.values()}
+
+    def call(self, inputs, training=None):
+        if not isinstance(inputs, dict) or set(inputs) != set(self.feature_configs):
+            fail("inputs", f"a dict with exactly the keys {sorted(self.feature_configs)}",
+                 sorted(inputs) if isinstance(inputs, dict) else inputs, TypeError)
+        names = list(self.feature_configs)
+        batch = self.embedding.preprocess({k: inputs[k] for k in names},
+                                          training=bool(training))
+        if training:
+            activations = train_lookup(self.embedding, batch, self.anchor)
+        else:
+            activations = self.embedding.activations(batch, training=False)
+        return {name: shaped(out, inputs[name], self._output_shape(name,
+                                                                               inputs[name]))
+                for name, out in zip(names, activations)}
+
+    def _output_shape(self, name: str, ids) -> tuple | None:
+        if isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
+            return None
+        return self._shape_of(name, tuple(ids.shape))
+
+    def _shape_of(self, name: str, input_shape: tuple) -> tuple:
+        f = self.feature_configs[name]
+        if f.output_shape is not None:
+            return tuple(f.output_shape) + (f.table.dim,)
+        if f.max_sequence_length:
+            return tuple(input_shape)[:1] + (f.max_sequence_length, f.table.dim)
+        return tuple(input_shape)[:1] + (f.table.dim,)
+
+    def compute_output_shape(self, input_shape):
+        return {name: self._shape_of(name, tuple(input_shape[name]))
+                for name in self.feature_configs}
+
+    def get_config(self) -> dict:
+        tables = [{"name": t.name, "vocabulary_size": t.vocabulary_size, "dim": t.dim,
+                   "initializer": keras.initializers.serialize(init),
+                   "optimizer": None if t.optimizer is None else t.optimizer.get_config(),
+                   "combiner": t.combiner,
+                   "access_threshold": None if t.access_threshold < 0 else t.access_threshold}
+                  for t, init in zip(self._table_configs, self._keras_initializers)]
+        features = {name: {"table": f.table.name,
+                           "max_sequence_length": f.max_sequence_length,
+                           "output_shape": f.output_shape, "padding_key": f.padding_key}
+                    for name, f in self.feature_configs.items()}
+        return {**super().get_config(), "tables": tables, "feature_configs": features,
+                "optimizer": self.optimizer.get_config()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        tables = {}
+        for t in config.pop("tables"):
+            t = dict(t)
+            t["initializer"] = keras.initializers.deserialize(t["initializer"])
+            if t["optimizer"] is not None:
+                t["optimizer"] = optimizer_from_config(t["optimizer"])
+            tables[t["name"]] = TableConfig(**t)
+        features = {name: FeatureConfig(tables[f["table"]],
+                                        max_sequence_length=f["max_sequence_length"],
+                                        output_shape=f["output_shape"], name=name,
+                                        padding_key=f["padding_key"])
+                    for name, f in config.pop("feature_configs").items()}
+        return cls(features, **config)
+
+    # -- the tables in .keras / .weights.h5 files: one group per table, by its name ---------
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)          # the anchor, as "0"
+        world = self.embedding.world()
+        for name, table in self.tables.items():
+            table_store.save_table(table_store.Prefixed(store, name), table, world)
+
+    def load_own_variables(self, store):
+        tables = self.tables
+        missing = [name for name in tables if not table_store.Prefixed(store, name).keys()]
+        if missing:
+            raise ValueError(f"The saved layer `{self.name}` holds no table "
+                             f"{', '.join(f'`{m}`' for m in missing)} (it has "
+                             f"{sorted(store.keys())}): were these weights saved by a layer "
+                             f"with other tables?")
+        states = table_store.read_tables(
+            [(table_store.Prefixed(store, name), table) for name, table in tables.items()],
+            self.embedding.world(), f"the saved layer `{self.name}`")
+        # Not super(): it expects the store to hold the Keras variables only.
+        self.anchor.assign(store["0"])
+        table_store.apply_tables(list(tables.values()), states, f"the saved layer "
+                                                                f"`{self.name}`")
+
+
+def _keras_initializer(table: TableConfig):
+    """``table``'s initializer as a Keras initializer drawing the same rows.
+
+    Raises:
+      TypeError: it has no Keras equivalent.
+    """
+    init = table.initializer
+    if isinstance(init, keras.initializers.Initializer):
+        return init
+    owner = next((k for k in type(init).__mro__ if "__call__" in k.__dict__), type(init))
+    name = _KERAS_EQUIVALENTS.get(owner.__name__)
+    equivalent = None
+    if name is not None and callable(getattr(init, "get_config", None)):
+        args = {k: v for k, v in init.get_config().items() if k != "dtype"}
+        try:
+            equivalent = getattr(keras.initializers, name)(**args)
+        except (TypeError, ValueError):
+            equivalent = None
+    shape = (table.vocabulary_size, table.dim)
+    if equivalent is None or any(
+            init_spec_from_tf(init, shape, seed) != init_spec_from_tf(equivalent, shape, seed)
+            for seed in _SEEDS_TO_COMPARE):
+        fail("initializer", f"a Keras initializer (keras.initializers.*) for table "
+             f"`{table.name}`, or a TensorFlow one with a Keras equivalent, so that the "
+             f"layer's config can be saved", init, TypeError)
+    return equivalent
