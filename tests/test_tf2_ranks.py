@@ -1,4 +1,4 @@
-"""sparseflow.tf2.Embedding and the Keras layer on several ranks under
+"""sparseflow.tf2.Embedding and the Keras layers on several ranks under
 tf.distribute.MultiWorkerMirroredStrategy: one model over tables sharded by key, equal to one
 process on the same global batches (tests/workers/tf2_ranks.py)."""
 
@@ -18,7 +18,8 @@ def _run(out_dir, ranks: int | None, *flags) -> list:
     return [np.load(os.path.join(out_dir, f"rank{r}.npz")) for r in range(ranks or 1)]
 
 
-@pytest.mark.parametrize("flags", [(), ("--keras",)], ids=["embedding", "keras-layer"])
+@pytest.mark.parametrize("flags", [(), ("--keras",), ("--keras-group",)],
+                         ids=["embedding", "keras-layer", "keras-group"])
 def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path, flags):
     (one,) = _run(tmp_path / "one", None, *flags)
     two = _run(tmp_path / "two", 2, *flags)
@@ -53,7 +54,8 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
         np.sort(np.concatenate([shard["a/counted"] for shard in two])), one["a/counted"])
 
 
-@pytest.mark.parametrize("flags", [(), ("--keras",)], ids=["embedding", "keras-layer"])
+@pytest.mark.parametrize("flags", [(), ("--keras",), ("--keras-group",)],
+                         ids=["embedding", "keras-layer", "keras-group"])
 def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
     """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
     and train on exactly as the process did. Two ranks save after step 6: one rank's shard
@@ -77,14 +79,21 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
     done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, *flags,
                       "--restore", sharded / "ckpt-rank1", "--start", "6"], None, check=False)
     assert done.returncode != 0
-    source = ("the saved layer `b`" if flags
-              else "the checkpoint of Embedding `sparseflow_embedding`")
+    source = {(): "the checkpoint of Embedding `sparseflow_embedding`",
+              ("--keras",): "the saved layer `b`",
+              ("--keras-group",): "the saved layer `ab`"}[flags]
     assert (f"{source} is rank 1's shard of 2 ranks; this is rank 0 of 1") in done.stderr
 
     from sparseflow.tf2 import merge_checkpoint_shards
     merged = tmp_path / "merged" / "ckpt"
     shards = [sharded / "ckpt-rank1", sharded / "ckpt-rank0"]   # any order
-    assert merge_checkpoint_shards(shards, merged) == str(merged)
+    if flags == ("--keras-group",):   # the checkpoint holds the head only: rank 0's
+        import shutil
+        merged.parent.mkdir()
+        for path in sharded.glob("ckpt-rank0.*"):
+            shutil.copy(path, f"{merged}{path.name[len('ckpt-rank0'):]}")
+    else:
+        assert merge_checkpoint_shards(shards, merged) == str(merged)
     if flags:
         from sparseflow.keras import merge_weight_shards
         merge_weight_shards([f"{p}-layer.weights.h5" for p in shards],
