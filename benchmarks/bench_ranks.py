@@ -2,12 +2,13 @@
 
 Each run is a fresh process (or two, under ``sparseflow launch -n 2``) of
 ``benchmarks/ranks_worker.py`` (a Criteo-shaped 26-table model, global batch 4096; see its
-docstring). Rounds run the eight variants (Session API, Estimator, TF2 ``Embedding``, Keras
-layers; 1 / 2 ranks) in turn, the first variant rotating; each face's 2-rank throughput is
+docstring). Rounds run the ten variants (Session API, Estimator, TF2 ``Embedding``, 26 Keras
+``SparseEmbedding`` layers, one Keras ``DistributedEmbedding``; 1 / 2 ranks) in turn, the first variant rotating; each face's 2-rank throughput is
 compared with its 1-rank throughput of the same round. On a 2-core machine both ranks share the cores: the ratio measures the
 layer's overhead (the exchange, the owner-side work, two processes' Python), not scaling.
 
     .venv/bin/python benchmarks/bench_ranks.py [--rounds 3] [--steps 40] [--write]
+                                               [--faces keras keras_group ...]
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import report  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 16   # ranks_worker.py's embedding width
 WORKER = os.path.join(ROOT, "benchmarks", "ranks_worker.py")
-FACES = ("session", "estimator", "tf2", "keras")
-VARIANTS = tuple((face, ranks) for face in FACES for ranks in (1, 2))
+FACES = ("session", "estimator", "tf2", "keras", "keras_group")
 BATCH = 4096
 
 
@@ -72,11 +72,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
+    parser.add_argument("--faces", nargs="+", choices=FACES, default=list(FACES),
+                        help="the faces to run (default: all; --write needs all)")
     args = parser.parse_args()
-    runs = {v: [] for v in VARIANTS}
-    exchanges = {face: [] for face in FACES}
+    if args.write and tuple(args.faces) != FACES:
+        parser.error("--write records every face: leave --faces out")
+    faces = tuple(args.faces)
+    variants = tuple((face, ranks) for face in faces for ranks in (1, 2))
+    runs = {v: [] for v in variants}
+    exchanges = {face: [] for face in faces}
     for r in range(args.rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
         for face, ranks in order:
             runs[(face, ranks)].append(run(face, ranks, args.steps))
             print(face, ranks, runs[(face, ranks)][-1], flush=True)
@@ -84,7 +90,7 @@ def main() -> None:
                 exchanges[face].append(exchange_run(face, runs[(face, 2)][-1], args.steps))
                 print(face, "exchange", exchanges[face][-1], flush=True)
     rows, bounds = [], []
-    for face in FACES:
+    for face in faces:
         ratios = [two["samples_per_s"] / one["samples_per_s"]
                   for one, two in zip(runs[(face, 1)], runs[(face, 2)])]
         # Per round: the 2-rank step over (the 1-rank step + the exchange alone).
@@ -121,7 +127,9 @@ def main() -> None:
         f"in a Session loop), `estimator` (the same model from a `model_fn` through "
         f"`Estimator.train`, timed by a hook), `tf2` (one `tf2.Embedding` of the 26 tables in a "
         f"custom loop under `MultiWorkerMirroredStrategy`), `keras` (26 `SparseEmbedding` "
-        f"layers, each its own table, optimizer and exchange, in the same loop).", "",
+        f"layers, each its own table, optimizer and exchange, in the same loop), "
+        f"`keras_group` (one `DistributedEmbedding` layer holding the 26 tables: one "
+        f"optimizer and one exchange a step, in the same loop).", "",
         "| face | ranks | samples/s (global batch) | ms/step | per round | vs 1 rank | "
         "MB sent per rank per step |",
         "|---|---:|---:|---:|---|---:|---:|",

@@ -1,7 +1,8 @@
 """One run of benchmarks/bench_ranks.py: a Criteo-shaped model trained through one face, as
 1 process or as one of N ranks (``sparseflow launch``); prints one JSON line of results.
 
-    python benchmarks/ranks_worker.py session|estimator|tf2|keras STEPS GLOBAL_BATCH [WORKDIR]
+    python benchmarks/ranks_worker.py session|estimator|tf2|keras|keras_group STEPS GLOBAL_BATCH
+                                      [WORKDIR]
 
 Workload: 26 single-hot Criteo-shaped features (Kaggle Criteo's cardinalities capped at
 200,000 rows per table, so that every run fits in memory), one table each, dim 16, lazy Adam
@@ -316,6 +317,52 @@ def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
             "dense": n_dense}
 
 
+def keras_group_face(steps: int, global_batch: int, workdir: str) -> dict:
+    """One ``sparseflow.keras.DistributedEmbedding`` layer holding the 26 tables (one lazy
+    Adam, applied in the backward pass; one exchange a step) in the same custom loop as the
+    TF2 face; ids processed in the layer, as ``keras_face``'s layers do."""
+    from sparseflow import tf2
+    from sparseflow.distributed.ranks import detect
+    from sparseflow.keras import DistributedEmbedding
+
+    ranks = detect()
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if ranks.size > 1
+                else tf.distribute.get_strategy())
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.05)
+    features = {f"c{j}": tf2.FeatureConfig(tf2.TableConfig(c, DIM, initializer=init,
+                                                           combiner="sum", name=f"t{j}"))
+                for j, c in enumerate(CARDINALITIES)}
+    with strategy.scope():
+        layer = DistributedEmbedding(features, optimizer=tf2.Adam(0.01), name="tables")
+    w1, w2 = (tf.Variable(w) for w in tower_weights())
+    local = global_batch // ranks.size
+
+    def gen():
+        yield from batches(steps, global_batch, ranks.rank, ranks.size)
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
+
+    def replica_step(keys, labels):
+        with tf.GradientTape() as tape:
+            acts = layer({f"c{j}": keys[:, j:j + 1] for j in range(26)}, training=True)
+            x = tf.concat([acts[f"c{j}"] for j in range(26)], 1)
+            loss = _tower_loss(x, w1, w2, labels, global_batch)
+        grads = tape.gradient(loss, [w1, w2, layer.anchor])   # the anchor's applies the tables
+        g1, g2 = tf.distribute.get_replica_context().all_reduce("sum", grads[:2])
+        w1.assign_sub(0.01 * g1)
+        w2.assign_sub(0.01 * g2)
+        return loss
+
+    seconds = _timed_run(strategy, replica_step, ds, steps)
+    sharding = layer.embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
+    widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
+    n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
+    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
+            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense),
+            "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
+
+
 def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
     """Only the collectives of a face's training step, on buffers of the widths that face
     measured (environment: ``SF_BENCH_WIDTH`` the mean agreed width m of one exchange,
@@ -359,7 +406,7 @@ def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
 
 
 FACES = {"session": session, "estimator": estimator, "tf2": tf2_face, "keras": keras_face,
-         "exchange": exchange_face}
+         "keras_group": keras_group_face, "exchange": exchange_face}
 
 if __name__ == "__main__":
     face, steps, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
