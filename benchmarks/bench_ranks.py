@@ -154,7 +154,8 @@ def main() -> None:
         "each layer's table on its own (26 tables: 26 times the collectives of one "
         "`tf2.Embedding` step), each layer in an op chain of its own, so the 26 exchanges "
         "run side by side, as they do in the exchange-alone run; one `tf2.Embedding` "
-        "holding the tables sends about the same bytes in one exchange.", "",
+        "holding the tables, or one Keras `DistributedEmbedding` (`keras_group`), sends "
+        "about the same bytes in one exchange.", "",
         "**Projection to 8, 32 and 100 ranks.** Every face routes keys with one router and "
         "exchanges the same buffers as YAML jobs (which run on this layer), so the "
         "multi-worker section's projection (bytes from routing real generated batches for N "
