@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from sparseflow.jobs.data import batch_signature, make_dataset
+from sparseflow.jobs.data import Rebatcher, batch_signature, make_dataset
 from sparseflow.jobs.schema import (ColumnsConfig, CsvOptions, DataConfig, GeneratorOptions,
                                     SparseColumn)
 
@@ -143,6 +143,24 @@ def test_parquet_batches_exact(tmp_path, batch_size):
     data = parquet_data(tmp_path)
     batches = collect(make_dataset(data, full_columns(), "train", batch_size=batch_size))
     check_batches(batches, ROWS, batch_size)
+
+
+def test_rebatcher_hands_a_blocks_whole_batches_over_as_one_run_of_views():
+    """The generator crosses into TensorFlow once per run, not per batch: a block's whole
+    batches are one [m, B] view of it; rows left over join the next block's first rows."""
+    first = {"x": np.arange(10), "y": np.arange(20).reshape(10, 2)}
+    second = {"x": np.arange(10, 23), "y": np.arange(20, 46).reshape(13, 2)}
+    batcher = Rebatcher(4)
+    runs = list(batcher.push(first))
+    assert [r["x"].shape for r in runs] == [(2, 4)]
+    assert np.shares_memory(runs[0]["x"], first["x"]) and runs[0]["y"].shape == (2, 4, 2)
+    more = list(batcher.push(second))
+    assert [r["x"].shape for r in more] == [(1, 4), (2, 4)]
+    batches = [b for r in runs + more for b in r["x"]]
+    np.testing.assert_array_equal(np.concatenate(batches), np.arange(20))
+    np.testing.assert_array_equal(np.concatenate([b for r in runs + more for b in r["y"]]),
+                                  np.arange(40).reshape(20, 2))
+    assert list(batcher.finish()) == []   # 3 rows left: dropped
 
 
 def test_parquet_glob_file_list_and_order(tmp_path):

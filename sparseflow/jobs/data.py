@@ -9,9 +9,12 @@ Every element is a dict of exactly (B = batch_size, every batch full, the remain
     <timestamp>  int64   [B]               only with a timestamp column
 
 Sources other than TFRecord are read by numpy/pyarrow/numba code in a Python generator (see
-:mod:`sparseflow.jobs.readers`) that yields a few packed arrays per batch (all single-hot keys
-in one [B, n_single] matrix); a TensorFlow map unpacks them into the dict. Per batch the Python
-side only slices (or, when shuffling, gathers) numpy arrays.
+:mod:`sparseflow.jobs.readers`) that yields a few packed arrays (all single-hot keys in one
+[B, n_single] matrix) per *run* of consecutive batches: every whole batch a block holds, as one
+[m, B, ...] view of it; TensorFlow's ``unbatch`` splits a run into its batches and a map
+unpacks each into the dict. Per run the Python side only slices (or, when shuffling, gathers)
+numpy arrays: a 65,536-row Parquet record batch crosses into TensorFlow once, not 16 times,
+which keeps the generator's Python (and its hold on the GIL) off the training step.
 
 Shuffling (train only, ``data.shuffle_buffer`` > 0) keeps a buffer of that many rows: each batch
 is drawn uniformly without replacement from the buffer plus the next B rows, seeded by ``seed``.
@@ -101,7 +104,7 @@ def make_dataset(data, columns, split: str, *, batch_size: int, seed: int = 0,
         return packed.map(_unpacker(columns, plan))
     blocks = _block_source(data, split, plan)
 
-    def batches():
+    def runs():
         rng = np.random.default_rng(seed)
         batcher = Shuffler(batch_size, shuffle, rng) if shuffle else Rebatcher(batch_size)
         keys = _packed_keys(plan)
@@ -109,15 +112,16 @@ def make_dataset(data, columns, split: str, *, batch_size: int, seed: int = 0,
             rows = 0
             for block in blocks():
                 rows += _rows(block)
-                for batch in batcher.push(block):
-                    yield tuple(batch[k] for k in keys)
+                for run in batcher.push(block):
+                    yield tuple(run[k] for k in keys)
             if not repeat or rows == 0:
                 break
-        for batch in batcher.finish():
-            yield tuple(batch[k] for k in keys)
+        for run in batcher.finish():
+            yield tuple(run[k] for k in keys)
 
-    packed = tf.data.Dataset.from_generator(batches, output_signature=_packed_signature(
-        signature, columns, plan, batch_size))
+    runs_signature = tuple(tf.TensorSpec([None, *spec.shape], spec.dtype)
+                           for spec in _packed_signature(signature, columns, plan, batch_size))
+    packed = tf.data.Dataset.from_generator(runs, output_signature=runs_signature).unbatch()
     return packed.map(_unpacker(columns, plan))
 
 
@@ -205,10 +209,18 @@ def _take(block: dict, start: int, stop: int) -> dict:
     return {k: v[start:stop] for k, v in block.items()}
 
 
-class Rebatcher:
-    """Cuts a stream of blocks into blocks of exactly ``batch_size`` rows (slices where it can).
+def _run_of_one(batch: dict) -> dict:
+    """One batch as a run of one: ``[1, B, ...]`` views."""
+    return {k: v[np.newaxis] for k, v in batch.items()}
 
-    ``push(block)`` yields the batches completed by the block; ``finish()`` drops the rest.
+
+class Rebatcher:
+    """Cuts a stream of blocks into batches of exactly ``batch_size`` rows, handed out in
+    *runs*: dicts of ``[m, batch_size, ...]`` arrays holding m consecutive batches.
+
+    ``push(block)`` yields the runs the block completes: a batch joined from the rows left
+    over from earlier blocks (a run of one), then every whole batch left in the block as one
+    run, a view of the block; ``finish()`` drops the rest.
     """
 
     def __init__(self, batch_size: int):
@@ -224,11 +236,14 @@ class Rebatcher:
             self.pending += take
             start = take
             if self.pending == size:
-                yield {k: np.concatenate([p[k] for p in self.parts]) for k in block}
+                yield _run_of_one({k: np.concatenate([p[k] for p in self.parts])
+                                   for k in block})
                 self.parts, self.pending = [], 0
-        while n - start >= size:
-            yield _take(block, start, start + size)
-            start += size
+        m = (n - start) // size
+        if m:
+            yield {k: v[start:start + m * size].reshape((m, size) + v.shape[1:])
+                   for k, v in block.items()}
+            start += m * size
         if start < n:
             self.parts.append(_take(block, start, n))
             self.pending += n - start
@@ -241,7 +256,8 @@ class Rebatcher:
 class Shuffler:
     """Buffer shuffling: each batch is drawn uniformly without replacement from ``buffer_rows``
     buffered rows plus the next ``batch_size`` rows; at the end the buffer is permuted and
-    emptied in full batches. O(batch_size) work per batch and column.
+    emptied in full batches. O(batch_size) work per batch and column. Each batch is handed
+    out as a run of one (see :class:`Rebatcher`).
     """
 
     def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator):
@@ -266,7 +282,7 @@ class Shuffler:
             self.filled += take
             start += take
             if self.filled == self.capacity:
-                yield self._draw()
+                yield _run_of_one(self._draw())
 
     def _draw(self) -> dict:
         size, full = self.batch_size, self.filled
@@ -289,5 +305,5 @@ class Shuffler:
         order = self.rng.permutation(self.filled)
         for start in range(0, self.filled - self.batch_size + 1, self.batch_size):
             idx = order[start:start + self.batch_size]
-            yield {k: buf.take(idx, axis=0) for k, buf in self.buffer.items()}
+            yield _run_of_one({k: buf.take(idx, axis=0) for k, buf in self.buffer.items()})
         self.filled = 0
