@@ -81,7 +81,9 @@ def test_model_fit_trains_every_table_and_the_model_saves_and_reloads(tmp_path):
     fresh = _functional_model()
     model.save_weights(tmp_path / "w.weights.h5")
     with h5py.File(tmp_path / "w.weights.h5", "r") as f:   # one group per table, by name
-        assert {"item_table", "user_table", "0"} <= set(f["layers/distributed_embedding/vars"].keys())
+        group = f["layers/distributed_embedding/vars"]
+        assert set(group.keys()) == {"0", "table_names", "tables"}
+        assert set(group["tables"].keys()) == {"item_table", "user_table"}
     fresh.load_weights(tmp_path / "w.weights.h5")
     np.testing.assert_array_equal(fresh.predict(_dataset(features, label), verbose=0),
                                   predicted)
@@ -168,6 +170,27 @@ def test_fit_trains_as_plain_tensorflow_on_dense_tables():
         assert np.abs(values[order] - start[name]).max(axis=1).min() > 1e-5   # all trained
 
 
+def test_outputs_follow_the_features_whatever_order_the_dict_is_written_in():
+    """tf.nest orders a dict by its keys: the layer must still hand each feature its own
+    table's rows (equal widths, so a mix-up would not fail a shape check)."""
+    configs = {
+        "zeta": tf2.FeatureConfig(tf2.TableConfig(10, 3, keras.initializers.Constant(1.0),
+                                                  name="ones")),
+        "alpha": tf2.FeatureConfig(tf2.TableConfig(10, 3, keras.initializers.Constant(2.0),
+                                                   name="twos")),
+        "mid": tf2.FeatureConfig(tf2.TableConfig(10, 3, keras.initializers.Constant(3.0),
+                                                 name="threes"), max_sequence_length=2)}
+    layer = DistributedEmbedding(configs, optimizer=tf2.SGD(0.1))
+    ids = {"zeta": tf.constant([1, 2], tf.int64), "alpha": tf.constant([3, 4], tf.int64),
+           "mid": tf.constant([[5, 6], [7, 8]], tf.int64)}
+    for training in (True, False):
+        out = layer(ids, training=training)
+        assert list(out) == ["zeta", "alpha", "mid"]
+        np.testing.assert_array_equal(out["zeta"], np.full((2, 3), 1.0))
+        np.testing.assert_array_equal(out["alpha"], np.full((2, 3), 2.0))
+        np.testing.assert_array_equal(out["mid"], np.full((2, 2, 3), 3.0))
+
+
 def test_sparse_updates_are_lazy_in_every_table():
     inputs = {"a": keras.Input((2,), dtype="int64", name="a"),
               "b": keras.Input((), dtype="int64", name="b")}
@@ -201,9 +224,14 @@ def test_bad_arguments_name_them():
         DistributedEmbedding({})
     with pytest.raises(TypeError, match=r"Argument `optimizer` must be one of sparseflow.tf2"):
         DistributedEmbedding({"f": tf2.FeatureConfig(table)}, optimizer=keras.optimizers.SGD())
-    with pytest.raises(ValueError, match=r"Argument `feature_configs` must be tables with "
-                                         r"names \(table 0"):
+    with pytest.raises(ValueError, match=r"Argument `feature_configs` must be tables named "
+                                         r"other than '.' and '..' .* Received: TableConfig"):
         DistributedEmbedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 2))})
+    with pytest.raises(ValueError, match=r"Argument `feature_configs` must be tables named"):
+        DistributedEmbedding({"f": tf2.FeatureConfig(tf2.TableConfig(10, 2, name=".."))})
+    with pytest.raises(ValueError, match=r"Argument `feature_configs` must be a str of 1 to "
+                                         r"100 characters .* Received: 'user-id'"):
+        DistributedEmbedding({"user-id": tf2.FeatureConfig(table)})
     with pytest.raises(ValueError, match=r"Argument `eviction_threshold` must be None for "
                                          r"table `e`"):
         DistributedEmbedding({"f": tf2.FeatureConfig(
@@ -225,13 +253,15 @@ def test_a_tensorflow_initializer_is_saved_as_the_keras_one_drawing_the_same_row
     through get_config with every key's initial row unchanged."""
     configs = {"a": tf2.FeatureConfig(tf2.TableConfig(64, 4, name="default_init")),
                "b": tf2.FeatureConfig(tf2.TableConfig(
-                   64, 3, tf.random_normal_initializer(0.5, 0.3, seed=11), name="seeded"))}
+                   64, 3, tf.random_normal_initializer(0.5, 0.3, seed=11), name="seeded")),
+               "c": tf2.FeatureConfig(tf2.TableConfig(
+                   64, 5, tf.compat.v1.glorot_uniform_initializer(seed=3), name="glorot"))}
     layer = DistributedEmbedding(configs, name="init")
     clone = DistributedEmbedding.from_config(layer.get_config())
-    ids = {"a": tf.range(64, dtype=tf.int64), "b": tf.range(64, dtype=tf.int64)}
+    ids = {k: tf.range(64, dtype=tf.int64) for k in configs}
     for one in (layer, clone):
         one(ids, training=True)
-    for name in ("default_init", "seeded"):
+    for name in ("default_init", "seeded", "glorot"):
         keys, values = layer.tables[name].export()
         keys2, values2 = clone.tables[name].export()
         np.testing.assert_array_equal(values[np.argsort(keys)], values2[np.argsort(keys2)])
@@ -256,8 +286,24 @@ def test_weights_of_other_tables_or_optimizers_are_refused_and_nothing_changes(t
     with pytest.raises(ValueError, match=r"optimizer slots \['momentum', 'velocity'\] but "
                                          r"the table has .* \['accum', 'linear'\]"):
         other.load_weights(tmp_path / "adam.weights.h5")
-    renamed, layer = model_with("u", tf2.Adam(0.1))
-    with pytest.raises(ValueError, match=r"The saved layer `emb` holds no table `u`"):
+    renamed, renamed_layer = model_with("u", tf2.Adam(0.1))
+    with pytest.raises(ValueError, match=r"The saved layer `emb` holds the tables \['t'\]; "
+                                         r"this layer has \['u'\]"):
         renamed.load_weights(tmp_path / "adam.weights.h5")
     after = other.get_layer("emb").tables["t"].export()
     np.testing.assert_array_equal(after[1], before[1])
+
+    # A file with a table the layer lacks is refused too: that table would be lost.
+    inputs2 = {"f": inputs["f"], "g": keras.Input((), dtype="int64", name="g")}
+    two = DistributedEmbedding(
+        {"f": tf2.FeatureConfig(tf2.TableConfig(40, 2, name="t")),
+         "g": tf2.FeatureConfig(tf2.TableConfig(40, 2, name="v"))}, tf2.Adam(0.1), name="emb")
+    acts = two(inputs2)
+    both = keras.Model(inputs2, keras.layers.Dense(1)(
+        keras.layers.Concatenate()([acts["f"], acts["g"]])))
+    both.save_weights(tmp_path / "two.weights.h5")
+    kept = renamed_layer.tables["u"].export()
+    with pytest.raises(ValueError, match=r"holds the tables \['t', 'v'\]; this layer has "
+                                         r"\['u'\]"):
+        renamed.load_weights(tmp_path / "two.weights.h5")
+    np.testing.assert_array_equal(renamed_layer.tables["u"].export()[1], kept[1])

@@ -14,9 +14,11 @@ keep every table by key, each table in a group of the layer's variables named af
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from sparseflow.embed.initializers import init_spec_from_tf
+from sparseflow.embed.table_config import check_table_name
 from sparseflow.keras import table_store
 from sparseflow.keras.anchored import shaped, train_lookup
 from sparseflow.tf2.config import FeatureConfig, TableConfig
@@ -24,14 +26,16 @@ from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
 from sparseflow.validation import fail
 
-# A tf.compat.v1 / TF2-core initializer's class, by the name of the class that implements
-# it, and the Keras class a saved layer rebuilds it as (the per-key rows are checked equal).
-_KERAS_EQUIVALENTS = {
-    "TruncatedNormal": "TruncatedNormal", "RandomNormal": "RandomNormal",
-    "RandomUniform": "RandomUniform", "Constant": "Constant", "Zeros": "Zeros",
-    "Ones": "Ones", "VarianceScaling": "VarianceScaling",
-}
+# The Keras classes a tf.compat.v1 / TF2-core initializer may be rebuilt as, found by the
+# name of its own class or of the class implementing it (the per-key rows are checked equal).
+_KERAS_EQUIVALENTS = ("TruncatedNormal", "RandomNormal", "RandomUniform", "Constant", "Zeros",
+                      "Ones", "VarianceScaling", "GlorotUniform", "GlorotNormal", "HeNormal",
+                      "HeUniform", "LecunNormal", "LecunUniform")
 _SEEDS_TO_COMPARE = (0, 2**63 + 5)   # a seedless initializer must stay seedless
+# Each table's arrays go in this group of the layer's variables, under the table's name.
+TABLES_GROUP = "tables"
+TABLE_NAMES = "table_names"
+_NOT_A_GROUP_NAME = (".", "..")
 
 
 @keras.saving.register_keras_serializable(package="sparseflow")
@@ -49,7 +53,13 @@ class DistributedEmbedding(keras.layers.Layer):
 
     Each table's initializer must be a Keras initializer, or a TensorFlow one with a Keras
     equivalent (``TableConfig``'s default truncated normal has one), so that ``model.save``
-    can write it; tables must not set ``eviction_threshold`` (the layer sees no timestamps).
+    can write it; tables must not set ``eviction_threshold`` (the layer sees no timestamps)
+    and must be named, other than ``.`` and ``..``.
+
+    Every training step updates the rows of every feature the batch looked up, as
+    ``sparseflow.tf2.Embedding.apply_gradients`` does: a feature the loss does not use gets a
+    zero gradient, which still moves rows under Adam's momentum or a weight decay. Leave
+    such a feature out of the layer.
 
     Inputs: ``{feature name: ids}``, each ``[batch]`` or ``[batch, n]`` int, or a
     ``tf.RaggedTensor``. Output: ``{feature name: float32 [batch, dim]}`` (``[batch,
@@ -66,6 +76,8 @@ class DistributedEmbedding(keras.layers.Layer):
                 or not all(isinstance(f, FeatureConfig) for f in feature_configs.values())):
             fail("feature_configs", "a non-empty dict of feature name (str) to "
                  "sparseflow.tf2.FeatureConfig", feature_configs, TypeError)
+        for key in feature_configs:   # the keys name the features
+            check_table_name(key, "feature_configs")
         if optimizer is None:
             optimizer = Adam(0.001)
         elif isinstance(optimizer, dict):
@@ -78,10 +90,10 @@ class DistributedEmbedding(keras.layers.Layer):
         for f in feature_configs.values():
             if not any(f.table is t for t in tables):
                 tables.append(f.table)
-        for i, table in enumerate(tables):
-            if table.name is None:
-                fail("feature_configs", f"tables with names (table {i}, {table!r}, has "
-                     f"none): a saved layer keeps each table under its name", None)
+        for table in tables:
+            if table.name is None or table.name in _NOT_A_GROUP_NAME:
+                fail("feature_configs", "tables named other than '.' and '..' (a saved layer "
+                     "keeps each table in a group of that name)", table)
             if table.eviction_threshold is not None:
                 fail("eviction_threshold", f"None for table `{table.name}`: the layer sees no "
                      f"timestamps, so it cannot evict (use sparseflow.tf2.Embedding with "
@@ -109,16 +121,16 @@ class DistributedEmbedding(keras.layers.Layer):
         if not isinstance(inputs, dict) or set(inputs) != set(self.feature_configs):
             fail("inputs", f"a dict with exactly the keys {sorted(self.feature_configs)}",
                  sorted(inputs) if isinstance(inputs, dict) else inputs, TypeError)
-        names = list(self.feature_configs)
-        batch = self.embedding.preprocess({k: inputs[k] for k in names},
-                                          training=bool(training))
+        batch = self.embedding.preprocess(dict(inputs), training=bool(training))
         if training:
             activations = train_lookup(self.embedding, batch, self.anchor)
         else:
             activations = self.embedding.activations(batch, training=False)
-        return {name: shaped(out, inputs[name], self._output_shape(name,
-                                                                               inputs[name]))
-                for name, out in zip(names, activations)}
+        # The Embedding's features, and so its activations, are in tf.nest's order of the
+        # dict (sorted keys), not the order the dict was written in.
+        outputs = tf.nest.pack_sequence_as(self.feature_configs, activations)
+        return {name: shaped(out, inputs[name], self._output_shape(name, inputs[name]))
+                for name, out in outputs.items()}
 
     def _output_shape(self, name: str, ids) -> tuple | None:
         if isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
@@ -173,19 +185,24 @@ class DistributedEmbedding(keras.layers.Layer):
     def save_own_variables(self, store):
         super().save_own_variables(store)          # the anchor, as "0"
         world = self.embedding.world()
+        # The store lists no groups: the tables' names, as UTF-8 bytes of "a,b,...".
+        store[TABLE_NAMES] = np.frombuffer(",".join(self.tables).encode(), np.uint8)
         for name, table in self.tables.items():
-            table_store.save_table(table_store.Prefixed(store, name), table, world)
+            table_store.save_table(table_store.Prefixed(store, f"{TABLES_GROUP}/{name}"),
+                                   table, world)
 
     def load_own_variables(self, store):
         tables = self.tables
-        missing = [name for name in tables if not table_store.Prefixed(store, name).keys()]
-        if missing:
-            raise ValueError(f"The saved layer `{self.name}` holds no table "
-                             f"{', '.join(f'`{m}`' for m in missing)} (it has "
-                             f"{sorted(store.keys())}): were these weights saved by a layer "
-                             f"with other tables?")
+        saved = (sorted(bytes(np.asarray(store[TABLE_NAMES], np.uint8)).decode().split(","))
+                 if TABLE_NAMES in store.keys() else [])
+        if saved != sorted(tables):
+            raise ValueError(
+                f"The saved layer `{self.name}` holds the tables {saved}; this layer has "
+                f"{sorted(tables)}. Weights load into a layer with the same tables (nothing "
+                f"was loaded).")
         states = table_store.read_tables(
-            [(table_store.Prefixed(store, name), table) for name, table in tables.items()],
+            [(table_store.Prefixed(store, f"{TABLES_GROUP}/{name}"), table)
+             for name, table in tables.items()],
             self.embedding.world(), f"the saved layer `{self.name}`")
         # Not super(): it expects the store to hold the Keras variables only.
         self.anchor.assign(store["0"])
@@ -202,20 +219,21 @@ def _keras_initializer(table: TableConfig):
     init = table.initializer
     if isinstance(init, keras.initializers.Initializer):
         return init
-    owner = next((k for k in type(init).__mro__ if "__call__" in k.__dict__), type(init))
-    name = _KERAS_EQUIVALENTS.get(owner.__name__)
-    equivalent = None
-    if name is not None and callable(getattr(init, "get_config", None)):
-        args = {k: v for k, v in init.get_config().items() if k != "dtype"}
-        try:
-            equivalent = getattr(keras.initializers, name)(**args)
-        except (TypeError, ValueError):
-            equivalent = None
     shape = (table.vocabulary_size, table.dim)
-    if equivalent is None or any(
-            init_spec_from_tf(init, shape, seed) != init_spec_from_tf(equivalent, shape, seed)
-            for seed in _SEEDS_TO_COMPARE):
-        fail("initializer", f"a Keras initializer (keras.initializers.*) for table "
-             f"`{table.name}`, or a TensorFlow one with a Keras equivalent, so that the "
-             f"layer's config can be saved", init, TypeError)
-    return equivalent
+    owner = next((k for k in type(init).__mro__ if "__call__" in k.__dict__), type(init))
+    config = init.get_config() if callable(getattr(init, "get_config", None)) else None
+    for name in dict.fromkeys((type(init).__name__, owner.__name__)):
+        if name not in _KERAS_EQUIVALENTS or config is None:
+            continue
+        try:
+            equivalent = getattr(keras.initializers, name)(
+                **{k: v for k, v in config.items() if k != "dtype"})
+            if all(init_spec_from_tf(init, shape, seed) == init_spec_from_tf(equivalent, shape,
+                                                                              seed)
+                   for seed in _SEEDS_TO_COMPARE):
+                return equivalent
+        except (TypeError, ValueError):
+            continue
+    fail("initializer", f"a Keras initializer (keras.initializers.*) for table "
+         f"`{table.name}`, or a TensorFlow one with a Keras equivalent, so that the "
+         f"layer's config can be saved", init, TypeError)
