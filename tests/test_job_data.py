@@ -161,6 +161,13 @@ def test_rebatcher_hands_a_blocks_whole_batches_over_as_one_run_of_views():
     np.testing.assert_array_equal(np.concatenate([b for r in runs + more for b in r["y"]]),
                                   np.arange(40).reshape(20, 2))
     assert list(batcher.finish()) == []   # 3 rows left: dropped
+    # A large block (a generated split) crosses in runs of at most run_rows rows.
+    capped = Rebatcher(4, run_rows=9)
+    sizes = [r["x"].shape[0] for r in capped.push({"x": np.arange(30)})]
+    assert sizes == [2, 2, 2, 1]
+    np.testing.assert_array_equal(
+        np.concatenate([r["x"].reshape(-1) for r in Rebatcher(4, run_rows=9).push(
+            {"x": np.arange(30)})]), np.arange(28))
 
 
 def test_parquet_glob_file_list_and_order(tmp_path):

@@ -219,12 +219,15 @@ class Rebatcher:
     *runs*: dicts of ``[m, batch_size, ...]`` arrays holding m consecutive batches.
 
     ``push(block)`` yields the runs the block completes: a batch joined from the rows left
-    over from earlier blocks (a run of one), then every whole batch left in the block as one
-    run, a view of the block; ``finish()`` drops the rest.
+    over from earlier blocks (a run of one), then the whole batches left in the block as runs
+    of at most ``run_rows`` rows (at least one batch), views of the block; ``finish()`` drops
+    the rest. The cap keeps a source that is one block (the generator, MovieLens) from
+    crossing into TensorFlow as one element of the whole split.
     """
 
-    def __init__(self, batch_size: int):
+    def __init__(self, batch_size: int, run_rows: int = readers.READ_ROWS):
         self.batch_size = batch_size
+        self.run_batches = max(1, run_rows // batch_size)
         self.parts: list[dict] = []
         self.pending = 0
 
@@ -239,8 +242,8 @@ class Rebatcher:
                 yield _run_of_one({k: np.concatenate([p[k] for p in self.parts])
                                    for k in block})
                 self.parts, self.pending = [], 0
-        m = (n - start) // size
-        if m:
+        while n - start >= size:
+            m = min((n - start) // size, self.run_batches)
             yield {k: v[start:start + m * size].reshape((m, size) + v.shape[1:])
                    for k, v in block.items()}
             start += m * size
