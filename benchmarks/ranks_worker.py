@@ -264,6 +264,18 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
             "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
 
 
+def _raw_ids(steps: int, global_batch: int, ranks) -> tf.data.Dataset:
+    """This rank's batches of raw ids and labels, for the Keras faces (their layers process
+    the ids in the step)."""
+    local = global_batch // ranks.size
+
+    def gen():
+        yield from batches(steps, global_batch, ranks.rank, ranks.size)
+
+    return tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
+
+
 def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
     """One ``sparseflow.keras.SparseEmbedding`` layer per table (each its own lazy Adam,
     applied in the backward pass) in the same custom loop as the TF2 face."""
@@ -280,13 +292,7 @@ def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
                                   combiner="sum", name=f"t{j}")
                   for j, c in enumerate(CARDINALITIES)]
     w1, w2 = (tf.Variable(w) for w in tower_weights())
-    local = global_batch // ranks.size
-
-    def gen():
-        yield from batches(steps, global_batch, ranks.rank, ranks.size)
-
-    ds = tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
+    ds = _raw_ids(steps, global_batch, ranks)
 
     def replica_step(keys, labels):
         with tf.GradientTape() as tape:
@@ -335,13 +341,7 @@ def keras_group_face(steps: int, global_batch: int, workdir: str) -> dict:
     with strategy.scope():
         layer = DistributedEmbedding(features, optimizer=tf2.Adam(0.01), name="tables")
     w1, w2 = (tf.Variable(w) for w in tower_weights())
-    local = global_batch // ranks.size
-
-    def gen():
-        yield from batches(steps, global_batch, ranks.rank, ranks.size)
-
-    ds = tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
+    ds = _raw_ids(steps, global_batch, ranks)
 
     def replica_step(keys, labels):
         with tf.GradientTape() as tape:

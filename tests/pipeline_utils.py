@@ -124,3 +124,13 @@ def assert_same_training(run, reference, steps: int | None = None) -> None:
     for name, (keys, emb) in ref_tables.items():
         np.testing.assert_array_equal(tables[name][0], keys)
         np.testing.assert_allclose(tables[name][1], emb, rtol=1e-5, atol=1e-6)
+
+
+def item_user_ids(seed: int = 0, n: int = 1024):
+    """Raw ids of two features (``items`` [n, 3] in [0, 300), ``users`` [n] in [0, 100))
+    and a label that depends on them, for the Keras layers' tests."""
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 300, (n, 3)).astype(np.int64)
+    users = rng.integers(0, 100, n).astype(np.int64)
+    label = ((items[:, 0] % 3 == 0) | (users % 4 == 0)).astype(np.float32)
+    return {"items": items, "users": users}, label

@@ -8,16 +8,13 @@ import tensorflow as tf
 
 from sparseflow import tf2
 from sparseflow.keras import SparseEmbedding
+from tests.pipeline_utils import item_user_ids
 
 N, B = 1024, 64
 
 
 def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    items = rng.integers(0, 300, (N, 3)).astype(np.int64)
-    users = rng.integers(0, 100, N).astype(np.int64)
-    label = ((items[:, 0] % 3 == 0) | (users % 4 == 0)).astype(np.float32)
-    return {"items": items, "users": users}, label
+    return item_user_ids(seed, N)
 
 
 def _dataset(features, label):

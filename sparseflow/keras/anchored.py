@@ -10,6 +10,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
+from sparseflow.validation import fail
+
+
+def sparse_optimizer(optimizer):
+    """A layer's ``optimizer`` argument as a ``sparseflow.tf2`` optimizer: None gives
+    ``Adam(0.001)``, a dict (a saved layer's config) is rebuilt.
+
+    Raises:
+      TypeError: anything else than a ``sparseflow.tf2`` optimizer.
+      ValueError: a dict naming no such optimizer.
+    """
+    if optimizer is None:
+        return Adam(0.001)
+    if isinstance(optimizer, dict):
+        optimizer = optimizer_from_config(optimizer)
+    if not isinstance(optimizer, OPTIMIZERS):
+        fail("optimizer", "one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL", optimizer,
+             TypeError)
+    return optimizer
+
 
 def train_lookup(embedding, batch: dict, anchor) -> list:
     """The training activations of a processed ``batch`` (flat, in feature order), whose

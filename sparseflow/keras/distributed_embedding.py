@@ -20,10 +20,10 @@ import tensorflow as tf
 from sparseflow.embed.initializers import init_spec_from_tf
 from sparseflow.embed.table_config import check_table_name
 from sparseflow.keras import table_store
-from sparseflow.keras.anchored import shaped, train_lookup
+from sparseflow.keras.anchored import shaped, sparse_optimizer, train_lookup
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
-from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
+from sparseflow.tf2.optimizers import optimizer_from_config
 from sparseflow.validation import fail
 
 # The Keras classes a tf.compat.v1 / TF2-core initializer may be rebuilt as, found by the
@@ -78,13 +78,7 @@ class DistributedEmbedding(keras.layers.Layer):
                  "sparseflow.tf2.FeatureConfig", feature_configs, TypeError)
         for key in feature_configs:   # the keys name the features
             check_table_name(key, "feature_configs")
-        if optimizer is None:
-            optimizer = Adam(0.001)
-        elif isinstance(optimizer, dict):
-            optimizer = optimizer_from_config(optimizer)
-        if not isinstance(optimizer, OPTIMIZERS):
-            fail("optimizer", "one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL", optimizer,
-                 TypeError)
+        optimizer = sparse_optimizer(optimizer)
         self.optimizer = optimizer
         tables: list[TableConfig] = []
         for f in feature_configs.values():

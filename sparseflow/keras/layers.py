@@ -22,10 +22,9 @@ import tensorflow as tf
 
 from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
 from sparseflow.keras import table_store
-from sparseflow.keras.anchored import shaped, train_lookup
+from sparseflow.keras.anchored import shaped, sparse_optimizer, train_lookup
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
-from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
 from sparseflow.validation import fail
 
 _NOT_IN_A_TABLE_NAME = re.compile(f"[^{TABLE_NAME_CHARS}]")
@@ -73,13 +72,7 @@ class SparseEmbedding(keras.layers.Layer):
             fail("eviction_threshold", "None: the layer sees no timestamps, so it cannot "
                  "evict (use sparseflow.tf2.Embedding with preprocess(timestamp=...))",
                  eviction_threshold)
-        if optimizer is None:
-            optimizer = Adam(0.001)
-        elif isinstance(optimizer, dict):
-            optimizer = optimizer_from_config(optimizer)
-        if not isinstance(optimizer, OPTIMIZERS):
-            fail("optimizer", "one of sparseflow.tf2.SGD, Adagrad, Adam, FTRL", optimizer,
-                 TypeError)
+        optimizer = sparse_optimizer(optimizer)
         self.initializer = keras.initializers.get(
             initializer if initializer is not None
             else keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(max(int(dim), 1))))
