@@ -60,8 +60,9 @@ def train_lookup(embedding, batch: dict, anchor) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def shaped(out: tf.Tensor, ids, shape: tuple | None) -> tf.Tensor:
-    """``out`` with its static ``shape`` set (None, or ragged / shapeless ``ids``: as is)."""
-    if shape is None or isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
+def shaped(out: tf.Tensor, ids, output_shape) -> tf.Tensor:
+    """``out`` with its static shape set to ``output_shape(ids.shape)`` (the layer's
+    ``compute_output_shape``); ragged or shapeless ``ids``: ``out`` as is."""
+    if isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
         return out
-    return tf.ensure_shape(out, shape)
+    return tf.ensure_shape(out, output_shape(tuple(ids.shape)))

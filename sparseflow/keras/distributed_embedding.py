@@ -123,13 +123,9 @@ class DistributedEmbedding(keras.layers.Layer):
         # The Embedding's features, and so its activations, are in tf.nest's order of the
         # dict (sorted keys), not the order the dict was written in.
         outputs = tf.nest.pack_sequence_as(self.feature_configs, activations)
-        return {name: shaped(out, inputs[name], self._output_shape(name, inputs[name]))
+        return {name: shaped(out, inputs[name],
+                             lambda shape, name=name: self._shape_of(name, shape))
                 for name, out in outputs.items()}
-
-    def _output_shape(self, name: str, ids) -> tuple | None:
-        if isinstance(ids, tf.RaggedTensor) or not hasattr(ids, "shape"):
-            return None
-        return self._shape_of(name, tuple(ids.shape))
 
     def _shape_of(self, name: str, input_shape: tuple) -> tuple:
         f = self.feature_configs[name]
@@ -216,8 +212,9 @@ def _keras_initializer(table: TableConfig):
     shape = (table.vocabulary_size, table.dim)
     owner = next((k for k in type(init).__mro__ if "__call__" in k.__dict__), type(init))
     config = init.get_config() if callable(getattr(init, "get_config", None)) else None
-    for name in dict.fromkeys((type(init).__name__, owner.__name__)):
-        if name not in _KERAS_EQUIVALENTS or config is None:
+    names = dict.fromkeys((type(init).__name__, owner.__name__)) if config is not None else ()
+    for name in names:
+        if name not in _KERAS_EQUIVALENTS:
             continue
         try:
             equivalent = getattr(keras.initializers, name)(

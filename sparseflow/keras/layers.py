@@ -18,7 +18,6 @@ import re
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from sparseflow.embed.limits import TABLE_NAME_CHARS, TABLE_NAME_MAX_LEN
 from sparseflow.keras import table_store
@@ -112,10 +111,7 @@ class SparseEmbedding(keras.layers.Layer):
             (out,) = train_lookup(self.embedding, batch, self.anchor)
         else:
             out = self.embedding.activations(batch, training=False)[0]
-        shape = (self.compute_output_shape(tuple(inputs.shape))
-                 if hasattr(inputs, "shape") and not isinstance(inputs, tf.RaggedTensor)
-                 else None)
-        return shaped(out, inputs, shape)
+        return shaped(out, inputs, self.compute_output_shape)
 
     def compute_output_shape(self, input_shape):
         batch = tuple(input_shape)[:1]

@@ -29,15 +29,7 @@ class Prefixed:
 
     def keys(self) -> list[str]:
         """The table arrays present under the prefix."""
-        found = []
-        for name in _NAMES:
-            try:
-                present = f"{self._prefix}/{name}" in self._store
-            except (KeyError, TypeError, ValueError):
-                present = False
-            if present:
-                found.append(name)
-        return found
+        return [name for name in _NAMES if f"{self._prefix}/{name}" in self._store]
 
 
 def save_table(store, table, world: list[int]) -> None:
