@@ -217,6 +217,31 @@ def _tower_loss(x, w1, w2, labels, global_batch: int):
         labels=labels, logits=logit)) / global_batch
 
 
+def _raw_ids(steps: int, global_batch: int, ranks, preprocess=None) -> tf.data.Dataset:
+    """This rank's batches of raw ids ``[b, 26]`` and labels, mapped by ``preprocess`` (the
+    TF2 face's key processing in the pipeline; None for the Keras faces, whose layers process
+    the ids in the step), prefetched."""
+    local = global_batch // ranks.size
+
+    def gen():
+        yield from batches(steps, global_batch, ranks.rank, ranks.size)
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32)))
+    return (ds if preprocess is None else ds.map(preprocess)).prefetch(2)
+
+
+def _one_exchange_result(embedding, ranks, seconds: float, dense: tuple) -> dict:
+    """The result of a face whose 26 tables are one ``tf2.Embedding`` (one exchange a step):
+    its agreed widths after the warm-up give the bytes one rank sends."""
+    sharding = embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
+    widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
+    n_dense = int(sum(v.shape.num_elements() for v in dense))
+    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
+            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense),
+            "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
+
+
 def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     from sparseflow import tf2
     from sparseflow.distributed.ranks import detect
@@ -231,15 +256,8 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     with strategy.scope():
         embedding = tf2.Embedding(features, tf2.Adam(0.01))
     w1, w2 = (tf.Variable(w) for w in tower_weights())
-    local = global_batch // ranks.size
-
-    def gen():
-        yield from batches(steps, global_batch, ranks.rank, ranks.size)
-
-    ds = tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32)))
-    ds = ds.map(lambda k, y: (embedding.preprocess({f"c{j}": k[:, j] for j in range(26)}), y))
-    ds = ds.prefetch(2)
+    ds = _raw_ids(steps, global_batch, ranks, preprocess=lambda k, y: (
+        embedding.preprocess({f"c{j}": k[:, j] for j in range(26)}), y))
 
     def replica_step(batch, labels):
         embedding.enqueue(batch)
@@ -256,24 +274,9 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
         return loss
 
     seconds = _timed_run(strategy, replica_step, ds, steps)
-    sharding = embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
-    widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
-    n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
-    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
-            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense),
-            "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
+    return _one_exchange_result(embedding, ranks, seconds, (w1, w2))
 
 
-def _raw_ids(steps: int, global_batch: int, ranks) -> tf.data.Dataset:
-    """This rank's batches of raw ids and labels, for the Keras faces (their layers process
-    the ids in the step)."""
-    local = global_batch // ranks.size
-
-    def gen():
-        yield from batches(steps, global_batch, ranks.rank, ranks.size)
-
-    return tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec([local, 26], tf.int64), tf.TensorSpec([local], tf.float32))).prefetch(2)
 
 
 def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
@@ -355,12 +358,7 @@ def keras_group_face(steps: int, global_batch: int, workdir: str) -> dict:
         return loss
 
     seconds = _timed_run(strategy, replica_step, ds, steps)
-    sharding = layer.embedding._sharding   # noqa: SLF001 -- the benchmark reads the widths
-    widths = list(sharding.router.widths)[WARMUP:] if sharding is not None else []
-    n_dense = int(w1.shape.num_elements() + w2.shape.num_elements())
-    return {"rank": ranks.rank, "size": ranks.size, "seconds": seconds,
-            "bytes": exchange_bytes(widths, ranks.size, 26, DIM, n_dense),
-            "width": float(np.mean(widths)) if widths else 0.0, "dense": n_dense}
+    return _one_exchange_result(layer.embedding, ranks, seconds, (w1, w2))
 
 
 def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
