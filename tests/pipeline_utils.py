@@ -134,3 +134,8 @@ def item_user_ids(seed: int = 0, n: int = 1024):
     users = rng.integers(0, 100, n).astype(np.int64)
     label = ((items[:, 0] % 3 == 0) | (users % 4 == 0)).astype(np.float32)
     return {"items": items, "users": users}, label
+
+
+def batched(features: dict, label, batch_size: int) -> tf.data.Dataset:
+    """``(features, label)`` rows in batches of ``batch_size``, for ``model.fit``."""
+    return tf.data.Dataset.from_tensor_slices((features, label)).batch(batch_size)

@@ -8,17 +8,9 @@ import tensorflow as tf
 
 from sparseflow import tf2
 from sparseflow.keras import SparseEmbedding
-from tests.pipeline_utils import item_user_ids
+from tests.pipeline_utils import batched, item_user_ids
 
-N, B = 1024, 64
-
-
-def _data(seed=0):
-    return item_user_ids(seed, N)
-
-
-def _dataset(features, label):
-    return tf.data.Dataset.from_tensor_slices((features, label)).batch(B)
+B = 64
 
 
 def _functional_model():
@@ -37,43 +29,43 @@ def _functional_model():
 
 
 def test_model_fit_trains_and_the_model_saves_and_reloads(tmp_path):
-    features, label = _data()
+    features, label = item_user_ids()
     model = _functional_model()
-    history = model.fit(_dataset(features, label), epochs=4, verbose=0)
+    history = model.fit(batched(features, label, B), epochs=4, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0] - 0.1
     assert history.history["auc"][-1] > 0.8
     table = model.get_layer("item_table").table
     assert table.stats()["keys_held"] == 300
     assert float(model.get_layer("item_table").anchor.numpy()) == 0.0
-    predicted = model.predict(_dataset(features, label), verbose=0)
+    predicted = model.predict(batched(features, label, B), verbose=0)
 
     model.save(tmp_path / "model.keras")
     reloaded = keras.models.load_model(tmp_path / "model.keras")
-    np.testing.assert_array_equal(reloaded.predict(_dataset(features, label), verbose=0),
+    np.testing.assert_array_equal(reloaded.predict(batched(features, label, B), verbose=0),
                                   predicted)
     keys, values = table.export()
     got = reloaded.get_layer("item_table").table.export()
     np.testing.assert_array_equal(got[0], keys)
     np.testing.assert_array_equal(got[1], values)
     # And it keeps training from there (optimizer slots and steps came back).
-    reloaded.fit(_dataset(features, label), epochs=1, verbose=0)
+    reloaded.fit(batched(features, label, B), epochs=1, verbose=0)
 
     fresh = _functional_model()
     model.save_weights(tmp_path / "w.weights.h5")
     fresh.load_weights(tmp_path / "w.weights.h5")
-    np.testing.assert_array_equal(fresh.predict(_dataset(features, label), verbose=0),
+    np.testing.assert_array_equal(fresh.predict(batched(features, label, B), verbose=0),
                                   predicted)
 
 
 def test_prediction_and_evaluation_read_only():
-    features, label = _data()
+    features, label = item_user_ids()
     model = _functional_model()
-    model.fit(_dataset(features, label).take(2), epochs=1, verbose=0)
+    model.fit(batched(features, label, B).take(2), epochs=1, verbose=0)
     table = model.get_layer("item_table").table
     before = table.export()
     unseen = {"items": features["items"] + 1000, "users": features["users"]}
-    out = model.predict(_dataset(unseen, label).take(1), verbose=0)
-    model.evaluate(_dataset(features, label), verbose=0)
+    out = model.predict(batched(unseen, label, B).take(1), verbose=0)
+    model.evaluate(batched(features, label, B), verbose=0)
     after = table.export()
     np.testing.assert_array_equal(after[0], before[0])      # nothing admitted
     np.testing.assert_array_equal(after[1], before[1])      # nothing updated
@@ -133,10 +125,10 @@ class SubclassedModel(keras.Model):
 
 
 def test_a_subclassed_model_trains_with_fit():
-    features, label = _data(2)
+    features, label = item_user_ids(2)
     model = SubclassedModel()
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
-    history = model.fit(_dataset(features, label), epochs=5, verbose=0)
+    history = model.fit(batched(features, label, B), epochs=5, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert model.items.table.stats()["keys_held"] == 300
 

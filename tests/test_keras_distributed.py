@@ -9,17 +9,9 @@ import tensorflow as tf
 
 from sparseflow import tf2
 from sparseflow.keras import DistributedEmbedding
-from tests.pipeline_utils import item_user_ids
+from tests.pipeline_utils import batched, item_user_ids
 
 N, B = 1024, 64
-
-
-def _data(seed=0):
-    return item_user_ids(seed, N)
-
-
-def _dataset(features, label):
-    return tf.data.Dataset.from_tensor_slices((features, label)).batch(B)
 
 
 def _configs():
@@ -47,9 +39,9 @@ def _exports(layer) -> dict:
 
 
 def test_model_fit_trains_every_table_and_the_model_saves_and_reloads(tmp_path):
-    features, label = _data()
+    features, label = item_user_ids(n=N)
     model = _functional_model()
-    history = model.fit(_dataset(features, label), epochs=4, verbose=0)
+    history = model.fit(batched(features, label, B), epochs=4, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0] - 0.1
     assert history.history["auc"][-1] > 0.8
     layer = model.get_layer("emb")
@@ -60,18 +52,18 @@ def test_model_fit_trains_every_table_and_the_model_saves_and_reloads(tmp_path):
     assert layer.tables["item_table"].rows.optimizer.steps("item_table") == steps
     assert layer.tables["user_table"].rows.slot_names == ("accumulator",)
     assert float(layer.anchor.numpy()) == 0.0
-    predicted = model.predict(_dataset(features, label), verbose=0)
+    predicted = model.predict(batched(features, label, B), verbose=0)
     saved = _exports(layer)
 
     model.save(tmp_path / "model.keras")
     reloaded = keras.models.load_model(tmp_path / "model.keras")
-    np.testing.assert_array_equal(reloaded.predict(_dataset(features, label), verbose=0),
+    np.testing.assert_array_equal(reloaded.predict(batched(features, label, B), verbose=0),
                                   predicted)
     for name, (keys, values) in _exports(reloaded.get_layer("emb")).items():
         np.testing.assert_array_equal(keys, saved[name][0])
         np.testing.assert_array_equal(values, saved[name][1])
     # And it keeps training from there (slots, steps and counts came back).
-    reloaded.fit(_dataset(features, label), epochs=1, verbose=0)
+    reloaded.fit(batched(features, label, B), epochs=1, verbose=0)
     assert (reloaded.get_layer("emb").tables["item_table"].rows.optimizer
             .steps("item_table") == steps + N // B)
 
@@ -82,20 +74,20 @@ def test_model_fit_trains_every_table_and_the_model_saves_and_reloads(tmp_path):
         assert set(group.keys()) == {"0", "table_names", "tables"}
         assert set(group["tables"].keys()) == {"item_table", "user_table"}
     fresh.load_weights(tmp_path / "w.weights.h5")
-    np.testing.assert_array_equal(fresh.predict(_dataset(features, label), verbose=0),
+    np.testing.assert_array_equal(fresh.predict(batched(features, label, B), verbose=0),
                                   predicted)
 
 
 def test_prediction_and_evaluation_read_only():
-    features, label = _data()
+    features, label = item_user_ids()
     model = _functional_model()
-    model.fit(_dataset(features, label).take(2), epochs=1, verbose=0)
+    model.fit(batched(features, label, B).take(2), epochs=1, verbose=0)
     layer = model.get_layer("emb")
     before = _exports(layer)
     counted = layer.tables["user_table"].stats()["keys_counted_not_admitted"]
     unseen = {"items": features["items"] + 1000, "users": features["users"] + 1000}
-    out = model.predict(_dataset(unseen, label).take(1), verbose=0)
-    model.evaluate(_dataset(features, label), verbose=0)
+    out = model.predict(batched(unseen, label, B).take(1), verbose=0)
+    model.evaluate(batched(features, label, B), verbose=0)
     for name, (keys, values) in _exports(layer).items():
         np.testing.assert_array_equal(keys, before[name][0])      # nothing admitted
         np.testing.assert_array_equal(values, before[name][1])    # nothing updated
