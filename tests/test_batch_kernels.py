@@ -6,7 +6,7 @@ import pytest
 from sparseflow.ops import batch_kernels as bk
 
 
-def _batch(rng, tables, dim):
+def random_batch(rng, tables, dim):
     """A flat parts array as the insert function lays it out: each table's unique rows (some
     -1), then each member's restore vector; with the members (table, rows part, restore
     part) of every table's features, a table's features consecutive."""
@@ -36,7 +36,7 @@ def test_expand_tables_and_sum_tables_vs_numpy(seed):
     dim = 4
     tables = [(50, 1), (80, 3), (7, 2), (60, 1)]
     storages = tuple(rng.normal(size=(cap, 3 * dim)).astype(np.float32) for cap, _ in tables)
-    parts, flat, sizes, members, layout = _batch(rng, tables, dim)
+    parts, flat, sizes, members, layout = random_batch(rng, tables, dim)
     starts, ends = bk.part_bounds(sizes, len(parts))
 
     expected = []

@@ -104,22 +104,41 @@ def sum_tables(grads, flat, starts, ends, member_rows, member_restore, out):
       out: float32 ``[sum of the tables' unique rows, dim]``, zeroed by the caller, summed
         into.
     """
-    offset = 0
+    offsets, _ = member_offsets(member_rows, starts, ends)
+    for m in range(member_rows.shape[0]):
+        r = member_restore[m]
+        add_member_gradient(grads[m], flat[starts[r]:ends[r]], offsets[m], out)
+
+
+@numba.njit(**_JIT)
+def member_offsets(member_rows, starts, ends):
+    """Where each member's table's unique rows start in :func:`sum_tables`' output (a
+    table's members consecutive, its rows once), and that output's row count: (int64
+    ``[M]``, int)."""
+    offsets = np.empty(member_rows.shape[0], np.int64)
+    total = 0
     current = -1
     for m in range(member_rows.shape[0]):
         w = member_rows[m]
         if w != current:
             if current >= 0:
-                offset += ends[current] - starts[current]
+                total += ends[current] - starts[current]
             current = w
-        grad = grads[m]
-        dim = grad.shape[1]
-        r = member_restore[m]
-        first = starts[r]
-        for i in range(ends[r] - first):
-            u = offset + flat[first + i]
-            for j in range(dim):
-                out[u, j] += grad[i, j]
+        offsets[m] = total
+    if current >= 0:
+        total += ends[current] - starts[current]
+    return offsets, total
+
+
+@numba.njit(**_JIT)
+def add_member_gradient(grad, restore, offset, out):
+    """``out[offset + restore[i]] += grad[i]`` for every key i of one member (the step of
+    :func:`sum_tables`; ``grad`` has ``len(restore)`` rows)."""
+    dim = grad.shape[1]
+    for i in range(restore.shape[0]):
+        u = offset + restore[i]
+        for j in range(dim):
+            out[u, j] += grad[i, j]
 
 
 def as_tuple(arrays) -> tuple:
