@@ -517,26 +517,9 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             outs.append(out)
         return outs
 
-    # Per group, its specs in output order; the gradient takes one input per spec (a
-    # numpy_function input is a zero-copy view, while joining them in TF copied them all).
+    # Per group, its specs in output order.
     group_specs = [[(s, r) for _, _, pairs in members for s, r in pairs]
                    for _, members in groups]
-
-    @tf.autograph.experimental.do_not_convert
-    def sum_all(flat, part_sizes, *grads):
-        starts, ends = bk.part_bounds(part_sizes, n_parts)
-        outs = []
-        at = 0
-        for (dim, members), (_, rows_of, restore_of), specs in zip(groups, layouts,
-                                                                   group_specs):
-            out = tensor_buffers.zeros((int(sum(part_sizes[w] for _, w, _ in members)), dim),
-                                       np.float32)
-            bk.sum_tables(bk.as_tuple(np.asarray(g, np.float32) for g in
-                                      grads[at:at + len(specs)]),
-                          flat, starts, ends, rows_of, restore_of, out)
-            at += len(specs)
-            outs.append(out)
-        return outs
 
     def split(tensor, part_indices):
         if len(part_indices) == 1:
@@ -560,10 +543,19 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             # After the gather: an update applied from this gradient must not overwrite the
             # rows before the batch has read them (a loss linear in the embeddings gives a
             # gradient that does not depend on them).
+            # One compiled op per group, not a numpy function: the backward pass reaches
+            # the sparse update without entering Python (ops/batch_ops.py). Imported here:
+            # loading its kernel starts numba's compiler (~0.4 s), which a process that
+            # never trains a batch lookup need not pay.
+            from sparseflow.ops import batch_ops
+
+            summed, at = [], 0
             with tf.control_dependencies(outs):
-                summed = tf.numpy_function(sum_all, [flat, sizes, *dys],
-                                           [tf.float32] * len(groups), stateful=False,
-                                           name="sparseflow_gather_grad")
+                for (_, rows_of, restore_of), specs in zip(layouts, group_specs):
+                    summed.append(batch_ops.sum_tables(
+                        flat, sizes, rows_of, restore_of, n_parts, dys[at:at + len(specs)],
+                        name="sparseflow_gather_grad"))
+                    at += len(specs)
             by_table = {}
             for (dim, members), total in zip(groups, summed):
                 total.set_shape([None, dim])
