@@ -358,7 +358,8 @@ def render_profile(prof) -> str:
                  f"{prof['d_traced_ms'] - prof['c_traced_ms']:+.1f} |")
     lines += [
         "",
-        ("Inside (d)'s numpy functions (same traced steps; ms per step; the rest of a node is "
+        ("Inside (d)'s numpy functions and its compiled gradient op (same traced steps; ms per "
+         "step; the gradient op's node is its kernel; the rest of a numpy function's node is "
          "its numpy_function call, argument conversion, the Python around the calls and any "
          "wait for the GIL):"),
         "",
@@ -526,10 +527,11 @@ def render_findings(prof, summary, cap) -> str:
          f"parallel map {_pct(prof.get('d_parallel_wait'))}."),
         (f"- **The rest, input processed ahead: {rest:+.1f} ms/step** over (a). In op time "
          "per traced step, (d) against (a):"),
-        (f"  - sparseflow's numpy functions ({fn_names}): {py_nodes:.2f} ms ({fn_parts}). The "
+        (f"  - sparseflow's numpy functions and gradient op ({fn_names}): {py_nodes:.2f} ms "
+         f"({fn_parts}). The "
          f"kernels inside take {kern:.2f} ms: `expand_tables` {k[EXPAND]['ms']:.2f} "
          f"({uniq:,.0f} unique rows read, {keys:,.0f} keys written; {ns(k[EXPAND]['ms'], keys)} "
-         f"per key), `sum_tables` {k[SUM]['ms']:.2f} ({ns(k[SUM]['ms'], keys)} per key), "
+         f"per key), the gradient op's sum {k[SUM]['ms']:.2f} ({ns(k[SUM]['ms'], keys)} per key), "
          f"the lazy Adam kernel {k[UPDATE]['ms']:.2f} ({ns(k[UPDATE]['ms'], k[UPDATE]['items'])}"
          f" per unique row); the tables' `release`/`updated` {locks:.2f} ms. The other "
          f"{overhead:.2f} ms of the nodes is numpy_function call and argument conversion, the "
@@ -566,14 +568,14 @@ def render_findings(prof, summary, cap) -> str:
          f"({100 * par_change:+.0f}%{main_par}) and makes admission order follow processing "
          "order.")),
         (overhead, "op time", (
-         f"numpy_function overhead: the {n_py:g} sparseflow numpy function nodes per step "
+         f"numpy_function overhead: the {n_py - 1:g} sparseflow numpy function nodes per step "
          f"spend {overhead:.2f} ms beyond the timed calls inside them "
          f"({overhead * 1e3 / n_tables:.0f} us per table): the numpy_function call and "
          "argument conversion, any wait for the GIL, and the per-table Python of "
-         "`gather_all`, `sum_all` (`sparseflow/lookup.py`) and `apply` "
+         "`gather_all` (`sparseflow/lookup.py`) and `apply` "
          "(`sparseflow/optimizers/base.py`), not measured apart.")),
         (kern, "op time", (
-         f"the kernels: {kern:.2f} ms (`expand_tables` {k[EXPAND]['ms']:.2f}, `sum_tables` "
+         f"the kernels: {kern:.2f} ms (`expand_tables` {k[EXPAND]['ms']:.2f}, the gradient op "
          f"{k[SUM]['ms']:.2f}, lazy Adam {k[UPDATE]['ms']:.2f}), the sparse work itself: "
          f"{ns(k[EXPAND]['ms'], keys)} per key to gather and expand, "
          f"{ns(k[SUM]['ms'], keys)} per key to sum, "
@@ -756,8 +758,9 @@ concurrently on the cores, so categories overlap and sum to more than the step. 
 numpy functions are found by name under their name scopes (`lookup/sparseflow_gather`,
 `gradients/.../sparseflow_gather_grad`, `sparse_adam/sparseflow_update`). In the traced (d)
 run the calls inside them are timed by wrappers installed in this process only (nothing in
-sparseflow/ is changed): `expand_tables` and `sum_tables` as `sparseflow.lookup` calls them
-(its `bk` module name), the optimizer's `_update_tables` (the lazy Adam kernel over every
+sparseflow/ is changed): `expand_tables` as `sparseflow.lookup` calls it (its `bk` module
+name; the gradient's sum is the compiled op `SparseflowSumTables`, whose node is its kernel),
+the optimizer's `_update_tables` (the lazy Adam kernel over every
 table), the tables' `KeyProcessor.release`, `updated` and `process`. The input pipeline alone runs (d)'s graph
 fetching only `IteratorGetNext`, against (a)'s graph (the source alone), with wall and process
 CPU time per batch. "Input processed ahead" runs (d) on a finite stream with a prefetch

@@ -9,7 +9,8 @@ Measurements, all in one process, interleaved over rounds (medians over rounds):
    categories can add up to more than the step's wall time.
 2. Inside (d)'s numpy functions, during the same traced steps: the kernels that
    ``sparseflow.lookup`` calls through its ``bk`` module (``expand_tables`` in the gather,
-   ``sum_tables`` in its gradient, one call per step each), the sparse optimizer's
+   one call per step; the gradient's sum is a compiled op, ``SparseflowSumTables``, whose
+   node time is its kernel's), the sparse optimizer's
    ``_update_tables`` (the lazy Adam kernel over every table) and the tables'
    the batch's ``dedup_batch``, ``KeyProcessor.process_unique`` / ``release`` / ``updated`` are wrapped
    with timers, in this process only and only for that run (nothing in sparseflow/ is
@@ -85,14 +86,14 @@ def _timed(fn, timers, label, count=None):
 
 # Labels of the wrapped functions.
 EXPAND = "bk.expand_tables"        # in sparseflow_gather: one call per step and dim
-SUM = "bk.sum_tables"              # in sparseflow_gather_grad: one call per step and dim
+SUM = "SparseflowSumTables"        # sparseflow_gather_grad: a compiled op, one per step and dim
 UPDATE = "optimizer _update_tables"  # in sparseflow_update: the lazy Adam kernel, all tables
 RELEASE = "KeyProcessor.release"   # in sparseflow_gather
 DRAIN = "KeyProcessor.updated"     # in sparseflow_update: marks, frees evicted rows
 PROCESS = "KeyProcessor.process_unique"   # in the tf.data thread (sparseflow_keys)
 DEDUP = "dedup_batch"              # the batch's one dedup, before the tables' process_unique
 HOST_GATHER = "HostRows.gather"    # the per-table path; expected unused here
-WRAPPED = (EXPAND, SUM, UPDATE, RELEASE, DRAIN, PROCESS, DEDUP, HOST_GATHER)
+WRAPPED = (EXPAND, UPDATE, RELEASE, DRAIN, PROCESS, DEDUP, HOST_GATHER)
 
 
 def _expand_items(a):
@@ -104,14 +105,12 @@ def _expand_items(a):
 
 class _KernelProxy:
     """Stands in for ``sparseflow.lookup.bk`` (the ``batch_kernels`` module): times
-    ``expand_tables`` and ``sum_tables``, passes everything else through. Only
+    ``expand_tables``, passes everything else through. Only
     ``sparseflow.lookup``'s name is rebound: other users of the module are untouched."""
 
     def __init__(self, module, timers):
         self._module = module
         self.expand_tables = _timed(module.expand_tables, timers, EXPAND, _expand_items)
-        self.sum_tables = _timed(module.sum_tables, timers, SUM,   # unique rows, keys
-                                 lambda a: (a[6].shape[0], sum(g.shape[0] for g in a[0])))
 
     def __getattr__(self, name):
         return getattr(self._module, name)
@@ -160,7 +159,7 @@ def instrumented_sparseflow(timers):
 INPUT = "input: IteratorGetNext (wait)"
 GATHER_PY = "`sparseflow_gather` numpy function"
 LOOKUP_FWD = "lookup fwd: other ops"
-GRAD_PY = "`sparseflow_gather_grad` numpy function"
+GRAD_PY = "`sparseflow_gather_grad` compiled op"
 LOOKUP_BWD = "lookup bwd: other ops"
 MODEL_FWD = "model fwd + loss"
 MODEL_BWD = "model bwd"
@@ -317,7 +316,7 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
     acc = defaultdict(list)       # scalar -> per-round values
     cats = {v: defaultdict(list) for v in ("a", "c", "d")}
     nodes = {v: defaultdict(list) for v in ("a", "c", "d")}
-    kern = {label: defaultdict(list) for label in WRAPPED}
+    kern = {label: defaultdict(list) for label in (*WRAPPED, SUM)}
     mdiff = {v: defaultdict(list) for v in ("c", "d")}
     top = {}
     for rnd in range(rounds):
@@ -357,6 +356,12 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
             kern[label]["calls"].append(timers.calls[label] / per)
             kern[label]["items"].append(timers.items[label] / per)
             kern[label]["items2"].append(timers.items2[label] / per)
+        # The gradient's sum is a compiled op (ops/batch_ops.py), with no Python to wrap:
+        # its node's time is its kernel's, over the keys and unique rows the gather expanded.
+        kern[SUM]["ms"].append(ms.get(GRAD_PY, 0.0))
+        kern[SUM]["calls"].append(cnt.get(GRAD_PY, 0.0))
+        kern[SUM]["items"].append(kern[EXPAND]["items"][-1])
+        kern[SUM]["items2"].append(kern[EXPAND]["items2"][-1])
         # Untraced runs, back to back: the ceiling, (c), (d), and (d) changed one way at a
         # time: input processed ahead, a parallel map.
         pre = {"hook": wait_idle, "take": warmup + untraced_steps,
