@@ -457,9 +457,9 @@ def _batch_embeddings(batch: dict, plan) -> dict:
     is built (a table created later is looked up on its own).
 
     One numpy function gathers every table's unique rows and expands them by each spec's
-    restore vector; its gradient is one numpy function that sums each key's gradient into its
-    unique row by the same restore vector, handing each table an ``IndexedSlices`` over its
-    unique rows. With 26 tables, a numpy function per table plus the TF ops that expand and
+    restore vector; its gradient is one compiled op per width (``ops/batch_ops.py``) that
+    sums each key's gradient into its unique row by the same restore vector, handing each
+    table an ``IndexedSlices`` over its unique rows. With 26 tables, a numpy function per table plus the TF ops that expand and
     segment-sum per feature cost more than the work itself (BENCHMARKS.md, end-to-end).
     """
     flat = batch[plan.flat_key]
@@ -540,22 +540,24 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         def grad(*dys):
             dys = [tf.zeros_like(piece) if dy is None else tf.convert_to_tensor(dy)
                    for dy, piece in zip(dys, pieces)]
-            # After the gather: an update applied from this gradient must not overwrite the
-            # rows before the batch has read them (a loss linear in the embeddings gives a
-            # gradient that does not depend on them).
             # One compiled op per group, not a numpy function: the backward pass reaches
             # the sparse update without entering Python (ops/batch_ops.py). Imported here:
             # loading its kernel starts numba's compiler (~0.4 s), which a process that
             # never trains a batch lookup need not pay.
             from sparseflow.ops import batch_ops
 
+            # After the gather: an update applied from this gradient must not overwrite the
+            # rows before the batch has read them (a loss linear in the embeddings gives a
+            # gradient that does not depend on them). The ops read the batch's parts through
+            # an identity that runs after the gather: a control dependency on their block
+            # would reach only their constant inputs.
+            flat_after_gather = read_after(outs[0], flat)
             summed, at = [], 0
-            with tf.control_dependencies(outs):
-                for (_, rows_of, restore_of), specs in zip(layouts, group_specs):
-                    summed.append(batch_ops.sum_tables(
-                        flat, sizes, rows_of, restore_of, n_parts, dys[at:at + len(specs)],
-                        name="sparseflow_gather_grad"))
-                    at += len(specs)
+            for (_, rows_of, restore_of), specs in zip(layouts, group_specs):
+                summed.append(batch_ops.sum_tables(
+                    flat_after_gather, sizes, rows_of, restore_of, n_parts,
+                    dys[at:at + len(specs)], name="sparseflow_gather_grad"))
+                at += len(specs)
             by_table = {}
             for (dim, members), total in zip(groups, summed):
                 total.set_shape([None, dim])

@@ -122,3 +122,62 @@ def test_sum_tables_op_refuses_a_restore_index_past_its_tables_rows():
     with pytest.raises(tf.errors.InvalidArgumentError, match="naming parts below n_parts"):
         batch_ops.sum_tables(np.concatenate(parts), np.array([3, -1], np.int32),
                              np.array([0]), np.array([1]), 2, [np.ones((2, 4), np.float32)])
+
+
+def test_sum_tables_op_refuses_layouts_that_would_misplace_rows():
+    parts, flat, sizes, members, layout, grads = _case(0)
+    # A negative part count, once printed by numba and returned with no output set.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"n_parts a scalar in"):
+        batch_ops.sum_tables(flat, sizes, layout[1], layout[2], -1, grads)
+    # A table's members apart: its rows would be summed into two blocks of the output.
+    rows, restore = np.array([0, 1, 0]), np.array([2, 3, 4])
+    flat3 = np.concatenate([np.arange(2), np.arange(2), [0, 1], [1], [0]]).astype(np.int32)
+    sizes3 = np.array([2, 2, 2, 1, 1])
+    three = [np.ones((n, 4), np.float32) for n in (2, 1, 1)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="members consecutive"):
+        batch_ops.sum_tables(flat3, sizes3, rows, restore, 5, three)
+    ok = batch_ops.sum_tables(flat3, sizes3, np.array([0, 0, 1]), restore, 5, three)
+    assert ok.shape == (4, 4)
+
+
+def test_sum_tables_op_refuses_an_output_too_large_instead_of_aborting():
+    # TensorFlow aborts the process on a shape whose size overflows; the op checks first.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exceed 2\\^62 bytes"):
+        batch_ops.sum_tables(np.array([0, 1], np.int32), np.array([2, 0]), np.array([0]),
+                             np.array([1]), 2, [tf.zeros([0, 2 ** 62])])
+
+
+def test_sum_tables_op_of_zero_width_and_int64_batch_sizes():
+    parts, flat, sizes, members, layout, grads = _case(1, dim=0)
+    out = batch_ops.sum_tables(flat, sizes.astype(np.int64), layout[1], layout[2], len(parts),
+                               grads)
+    assert out.shape == (_reference_sum(parts, members, grads, 0).shape[0], 0)
+
+
+def test_the_session_gradient_sum_runs_after_the_gather(sf_init):
+    """A loss linear in the embeddings gives a gradient that does not read them: the sum
+    (and the update after it) must still wait for the gather, through a data edge."""
+    import sparseflow as sf
+    from tests.pipeline_utils import make_batch_iterator, two_table_data
+
+    data = two_table_data(0, 64, 50, 20)
+    specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+    tables = {name: sf.create_table(tf.int64, 4, name, tf.zeros_initializer(),
+                                    device_vocabulary_size=100) for name in ("t1", "t2")}
+    batch = make_batch_iterator(data, 32, specs).get_next()
+    loss = tf.add_n([tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch))
+                     for s in specs])
+    tf.gradients(loss, list(tables.values()))
+    graph = tf.compat.v1.get_default_graph()
+    (gather,) = [op for op in graph.get_operations() if op.name.endswith("sparseflow_gather")]
+    (summed,) = [op for op in graph.get_operations() if op.type == batch_ops.SUM_TABLES]
+    seen, stack = set(), [summed]
+    while stack:
+        op = stack.pop()
+        for upstream in [t.op for t in op.inputs] + list(op.control_inputs):
+            if upstream.name not in seen:
+                seen.add(upstream.name)
+                stack.append(upstream)
+    assert gather.name in seen
+    # The path runs through the op's own batch input, not a constant Grappler may fold.
+    assert gather in summed.inputs[0].op.control_inputs

@@ -159,7 +159,8 @@ def message_bytes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode() + b"\0", np.uint8)
 
 
-_registered: set[str] = set()
+_registered: set[str] = set()   # ops whose definition and kernel TF took
+_defined: set[str] = set()      # ops whose definition TF took
 _registering = threading.Lock()
 
 
@@ -181,27 +182,30 @@ def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list
     with _registering:
         if name in _registered:
             return
-        builder = _new_op_builder(name.encode())
-        for spec in inputs:
-            _add_input(builder, spec.encode())
-        for spec in outputs:
-            _add_output(builder, spec.encode())
-        for spec in attrs:
-            _add_attr(builder, spec.encode())
-        if stateful:
-            _set_stateful(builder, True)
-        _set_shape_fn(builder, _unknown_shape.address)
         status = _py_new_status()
         try:
-            _register_op(builder, status)   # consumes the builder
-            _check(status, f"registering op {name}")
+            if name not in _defined:
+                builder = _new_op_builder(name.encode())
+                for spec in inputs:
+                    _add_input(builder, spec.encode())
+                for spec in outputs:
+                    _add_output(builder, spec.encode())
+                for spec in attrs:
+                    _add_attr(builder, spec.encode())
+                if stateful:
+                    _set_stateful(builder, True)
+                _set_shape_fn(builder, _unknown_shape.address)
+                _register_op(builder, status)   # consumes the builder
+                _check(status, f"registering op {name}")
+                # A retry after a refused kernel must not define the op twice.
+                _defined.add(name)
+                tf.no_gradient(name)
             kernel_builder = _new_kernel_builder(name.encode(), b"CPU", _create_kernel.address,
                                                  compute.address, _delete_kernel.address)
             _register_kernel(f"{name}Kernel".encode(), kernel_builder, status)
             _check(status, f"registering the CPU kernel of op {name}")
         finally:
             _py_delete_status(status)
-        tf.no_gradient(name)
         _registered.add(name)
 
 
