@@ -18,11 +18,29 @@ def _run(out_dir, ranks: int | None, *flags) -> list:
     return [np.load(os.path.join(out_dir, f"rank{r}.npz")) for r in range(ranks or 1)]
 
 
+@pytest.fixture(scope="module")
+def saving_run(tmp_path_factory):
+    """``saving_run(ranks, flags)``: (its directory, its ranks' results) of the worker run
+    with ``flags`` on ``ranks`` (None: one process), every rank saving after step 6 to
+    ``DIR/ckpt-rank{r}``; run once per module. A launch costs ~10 s of start-up and tracing,
+    and the tests of a face compare against the same runs (saving does not change
+    training: the restores below train on exactly)."""
+    runs = {}
+
+    def get(ranks, flags):
+        if (ranks, flags) not in runs:
+            out = tmp_path_factory.mktemp("saving")
+            runs[ranks, flags] = out, _run(out, ranks, *flags, "--save-at", "6", "--save-to",
+                                           out / "ckpt")
+        return runs[ranks, flags]
+    return get
+
+
 @pytest.mark.parametrize("flags", [(), ("--keras",), ("--keras-group",)],
                          ids=["embedding", "keras-layer", "keras-group"])
-def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path, flags):
-    (one,) = _run(tmp_path / "one", None, *flags)
-    two = _run(tmp_path / "two", 2, *flags)
+def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(saving_run, flags):
+    _, (one,) = saving_run(None, flags)
+    _, two = saving_run(2, flags)
     assert one["losses"][-1] < one["losses"][0]
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
@@ -56,15 +74,14 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(tmp_path,
 
 @pytest.mark.parametrize("flags", [(), ("--keras",), ("--keras-group",)],
                          ids=["embedding", "keras-layer", "keras-group"])
-def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
+def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, saving_run, flags):
     """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
     and train on exactly as the process did. Two ranks save after step 6: one rank's shard
     restored by one process is refused, naming both worlds, rather than read as the whole
     table; the two shards merged (``merge_checkpoint_shards``, ``merge_weight_shards``)
     resume in one process exactly as the process that never stopped."""
-    (one,) = _run(tmp_path / "one", None, *flags, "--save-at", "6", "--save-to",
-                  tmp_path / "ckpt")
-    two = _run(tmp_path / "two", 2, *flags, "--restore", tmp_path / "ckpt-rank0", "--start",
+    saved_one, (one,) = saving_run(None, flags)
+    two = _run(tmp_path / "two", 2, *flags, "--restore", saved_one / "ckpt-rank0", "--start",
                "6")
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"][6:], rtol=0, atol=1e-5)
@@ -74,8 +91,7 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
         np.testing.assert_array_equal(merged[order], one[f"{table}/keys"])
         ours = np.concatenate([shard[f"{table}/weights"] for shard in two])[order]
         np.testing.assert_allclose(ours, one[f"{table}/weights"], rtol=0, atol=1e-5)
-    sharded = tmp_path / "sharded"
-    _run(sharded, 2, *flags, "--save-at", "6", "--save-to", sharded / "ckpt")
+    sharded, _ = saving_run(2, flags)
     done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, *flags,
                       "--restore", sharded / "ckpt-rank1", "--start", "6"], None, check=False)
     assert done.returncode != 0
@@ -107,7 +123,8 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, flags):
                                        rtol=0, atol=1e-5, err_msg=f"{table}/{name}")
 
 
-def test_a_killed_rank_ends_the_other_naming_the_last_checkpoint_every_rank_wrote(tmp_path):
+def test_a_killed_rank_ends_the_other_naming_the_last_checkpoint_every_rank_wrote(tmp_path,
+                                                                                saving_run):
     """Rank 1 dies before step 9, after every rank saved its checkpoint of step 6: rank 0's
     step fails in its collective after SPARSEFLOW_COLLECTIVE_TIMEOUT, and its error ends
     with which rank it is and the checkpoint every rank completed, from which a rerun
@@ -126,7 +143,7 @@ def test_a_killed_rank_ends_the_other_naming_the_last_checkpoint_every_rank_wrot
             f"{tmp_path / 'ckpt'}-rank0 (this rank's file of it") in done.stdout, \
         done.stdout[-3000:]
     # Every rank restores its own file of that checkpoint and trains on as one process.
-    (one,) = _run(tmp_path / "one", None)
+    _, (one,) = saving_run(None, ())
     resumed = _run(tmp_path / "resumed", 2, "--restore", f"{tmp_path / 'ckpt'}-rank{{rank}}",
                    "--start", "6")
     for shard in resumed:
