@@ -67,7 +67,7 @@ def _numpy_sum(member_rows, member_restore, n_parts):
 
 def build(kind: str, batch, chain: int):
     """A graph whose one fetch runs ``chain`` sums of ``kind`` ("numpy_function" or "op")
-    one after another; returns (graph, fetch)."""
+    one after another; returns (graph, fetch, the last sum)."""
     flat, sizes, member_rows, member_restore, n_parts, grads = batch
     graph = tf.Graph()
     with graph.as_default():
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
         "",
         "Command: `.venv/bin/python benchmarks/bench_op_boundary.py --write` (about a minute).",
         "",
-        "Machine: " + machine_line(tensorflow=tf.__version__, numpy=np.__version__) + f". Load average at "
-        f"the end: {os.getloadavg()[0]:.2f}.",
+        f"Machine: {machine_line(tensorflow=tf.__version__, numpy=np.__version__)}. Load "
+        f"average at the end: {os.getloadavg()[0]:.2f}.",
         "",
         (f"One batch's gradient sum in the e2e step's shape ({N_TABLES} tables, {KEYS} keys "
          f"per feature, {UNIQUE} unique rows per table, dim {DIM}): the same numba kernel "

@@ -277,8 +277,6 @@ def tf2_face(steps: int, global_batch: int, workdir: str) -> dict:
     return _one_exchange_result(embedding, ranks, seconds, (w1, w2))
 
 
-
-
 def keras_face(steps: int, global_batch: int, workdir: str) -> dict:
     """One ``sparseflow.keras.SparseEmbedding`` layer per table (each its own lazy Adam,
     applied in the backward pass) in the same custom loop as the TF2 face."""

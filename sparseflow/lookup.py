@@ -459,8 +459,9 @@ def _batch_embeddings(batch: dict, plan) -> dict:
     One numpy function gathers every table's unique rows and expands them by each spec's
     restore vector; its gradient is one compiled op per width (``ops/batch_ops.py``) that
     sums each key's gradient into its unique row by the same restore vector, handing each
-    table an ``IndexedSlices`` over its unique rows. With 26 tables, a numpy function per table plus the TF ops that expand and
-    segment-sum per feature cost more than the work itself (BENCHMARKS.md, end-to-end).
+    table an ``IndexedSlices`` over its unique rows. With 26 tables, a numpy function per
+    table plus the TF ops that expand and segment-sum per feature cost more than the work
+    itself (BENCHMARKS.md, end-to-end).
     """
     flat = batch[plan.flat_key]
     cache = graph_cache(flat.graph, "batch_embeddings")

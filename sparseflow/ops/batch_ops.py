@@ -55,15 +55,15 @@ def _restore_in_range(restore, n_rows):
 
 
 @numba.njit(nogil=True, cache=True)
-def _grouped(member_rows, n_parts):
-    """Whether every member names a rows part below ``n_parts`` and a table's members are
+def _members_valid(member_rows, member_restore, n_parts):
+    """Whether every member names parts below ``n_parts`` and a table's members are
     consecutive (a part that comes back after another would be summed into a second block
     of the output)."""
     done = np.zeros(n_parts, np.bool_)
     current = -1
     for m in range(member_rows.shape[0]):
         w = member_rows[m]
-        if w < 0 or w >= n_parts:
+        if not (0 <= w < n_parts and 0 <= member_restore[m] < n_parts):
             return False
         if w != current:
             if done[w]:
@@ -96,13 +96,9 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
         starts[p] = at
         at += sizes[p]
         ends[p] = at
-    if at > flat.shape[0] or not _grouped(member_rows, n_parts):
+    if at > flat.shape[0] or not _members_valid(member_rows, member_restore, n_parts):
         _fail(context, status, _BAD_LAYOUT)
         return
-    for m in range(n_members):
-        if member_restore[m] < 0 or member_restore[m] >= n_parts:
-            _fail(context, status, _BAD_LAYOUT)
-            return
     offsets, n_unique = member_offsets(member_rows, starts, ends)
     first = _input(context, 5, slot, status)
     if first == 0:

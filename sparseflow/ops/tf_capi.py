@@ -1,9 +1,10 @@
 """TensorFlow ops whose kernels are numba ``cfunc``s, registered through TensorFlow's C API.
 
 A ``tf.numpy_function`` node enters Python: it takes the GIL, wraps its inputs as numpy
-arrays, calls the function and wraps the outputs back, ~60-100 us a call on the 2-core
-machine, and it waits for the GIL while the input pipeline's own numpy function holds it
-(``benchmarks/bench_op_boundary.py``). An op registered through TensorFlow's C API
+arrays, calls the function and wraps the outputs back, and it waits for the GIL while the
+input pipeline's own numpy function holds it (the batch's gradient sum: 819 us a call as a
+numpy function against 498 us as an op here, 17.9 ms against 0.83 ms with Python running
+beside it; ``benchmarks/bench_op_boundary.py``). An op registered through TensorFlow's C API
 (``tensorflow/c/ops.h``, ``tensorflow/c/kernels.h``: the ABI-stable interface TensorFlow
 keeps for pluggable kernels, exported by ``libtensorflow_framework``) runs its kernel in
 TensorFlow's executor like any built-in op. Its kernel here is a numba ``cfunc``: compiled at
@@ -29,14 +30,9 @@ import tensorflow as tf
 from numba import types
 from numba.core.extending import intrinsic
 
-# TF_DataType values (tensorflow/c/tf_datatype.h).
-TF_FLOAT = 1
-TF_INT32 = 3
-TF_INT64 = 9
-# TF_Code values (tensorflow/c/tf_status.h).
-TF_OK = 0
+TF_FLOAT = 1              # TF_DataType (tensorflow/c/tf_datatype.h)
+TF_OK = 0                 # TF_Code (tensorflow/c/tf_status.h)
 TF_INVALID_ARGUMENT = 3
-
 
 
 def _framework_library() -> ctypes.CDLL:
@@ -120,8 +116,6 @@ _add_output = _c_function("TF_OpDefinitionBuilderAddOutput", None, ctypes.c_void
                          ctypes.c_char_p)
 _add_attr = _c_function("TF_OpDefinitionBuilderAddAttr", None, ctypes.c_void_p,
                        ctypes.c_char_p)
-_set_stateful = _c_function("TF_OpDefinitionBuilderSetIsStateful", None, ctypes.c_void_p,
-                           ctypes.c_bool)
 _set_shape_fn = _c_function("TF_OpDefinitionBuilderSetShapeInferenceFunction", None,
                            ctypes.c_void_p, ctypes.c_void_p)
 _register_op = _c_function("TF_RegisterOpDefinition", None, ctypes.c_void_p, ctypes.c_void_p)
@@ -165,7 +159,7 @@ _registering = threading.Lock()
 
 
 def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list[str] = (),
-                compute, stateful: bool = False) -> None:
+                compute) -> None:
     """Registers op ``name`` with TensorFlow, its CPU kernel the cfunc ``compute``
     (``void(uint64 kernel, uint64 context)``); once per process, later calls return at once.
 
@@ -173,8 +167,8 @@ def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list
       name: the op's type name (CamelCase, unique in the process).
       inputs, outputs, attrs: OpDef specs, as ``REGISTER_OP`` takes them ("x: float",
         "grads: N * float", "N: int >= 1").
-      compute: a ``numba.cfunc`` of signature ``void(uint64, uint64)``.
-      stateful: whether TensorFlow must not fold, dedup or prune the op.
+      compute: a ``numba.cfunc`` of signature ``void(uint64, uint64)``, a pure function of
+        the op's inputs (the op is registered stateless: TensorFlow may fold or prune it).
 
     Raises:
       RuntimeError: TensorFlow refused the op or its kernel (its message included).
@@ -192,8 +186,6 @@ def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list
                     _add_output(builder, spec.encode())
                 for spec in attrs:
                     _add_attr(builder, spec.encode())
-                if stateful:
-                    _set_stateful(builder, True)
                 _set_shape_fn(builder, _unknown_shape.address)
                 _register_op(builder, status)   # consumes the builder
                 _check(status, f"registering op {name}")
@@ -241,5 +233,7 @@ def apply_op(name: str, inputs: list, n_outputs: int, *, attrs: dict | None = No
                                     context.context(), name=op_name))
     graph = ops.get_default_graph()
     attr_values = {key: tf.compat.v1.AttrValue(i=int(value)) for key, value in attrs.items()}
-    op = graph._create_op_internal(name, inputs, None, name=op_name, attrs=attr_values)  # noqa: SLF001  (the public create_op is deprecated; this is what TF's generated wrappers reach)
+    # The public Graph.create_op is deprecated; TF's generated op wrappers reach this one.
+    op = graph._create_op_internal(name, inputs, None, name=op_name,  # noqa: SLF001
+                                   attrs=attr_values)
     return list(op.outputs)
