@@ -428,10 +428,13 @@ def tier_swaps(table: SparseTable, device_rows, slots: tf.Tensor) -> tf.Operatio
 
 
 def read_after(dependency, rows: tf.Tensor) -> tf.Tensor:
-    """``rows`` through an identity that runs after ``dependency``: a gather built on it
-    reads the variables only then. (A control dependency put on the gather's own block
-    reaches only its constant inputs, which graph optimization may fold away with it.)"""
-    with tf.control_dependencies([dependency]):
+    """``rows`` through an identity that runs after ``dependency`` (a tensor or op, or a
+    list of them): a gather built on it reads the variables only then. (A control
+    dependency put on the gather's own block reaches only its constant inputs, which graph
+    optimization may fold away with it.)"""
+    if not isinstance(dependency, (list, tuple)):
+        dependency = [dependency]
+    with tf.control_dependencies(dependency):
         return tf.identity(rows)
 
 
@@ -480,18 +483,25 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
               if t is not None and t.rows_on == "host" and t.tiers is None]
     if not tables:
         return {}
-    # Per distinct dim, one output: (table, its rows' part, [(spec, its restore part)]).
+    # Imported here: loading the compiled ops' kernels starts numba's compiler (~0.4 s),
+    # which a process that never looks up a batch need not pay.
+    from sparseflow.ops import batch_ops
+
+    # Per group, one output: its width, whether a compiled op gathers it (fixed-capacity
+    # tables; a growing table's rows move, so a numpy function reads them pinned), and its
+    # members: (table, its rows' part, [(spec, its restore part)]).
     groups = []
-    for dim in sorted({t.dim for t in tables}):
-        groups.append((dim, [(t, plan.part_index(t.table_name),
-                              [(s, plan.part_index(t.table_name, s))
-                               for s in plan.tables[t.table_name]])
-                             for t in tables if t.dim == dim]))
+    for in_kernel in (True, False):
+        for dim in sorted({t.dim for t in tables if t.gathers_in_kernel == in_kernel}):
+            groups.append((dim, in_kernel, [
+                (t, plan.part_index(t.table_name),
+                 [(s, plan.part_index(t.table_name, s)) for s in plan.tables[t.table_name]])
+                for t in tables if t.dim == dim and t.gathers_in_kernel == in_kernel]))
     n_parts = plan.n_parts
-    # Per group, the members' table (index into the group's storages) and parts, in output
+    # Per group, the members' table (index into the group's tables) and parts, in output
     # order: a table's specs are consecutive, so the kernel reads its unique rows once.
     layouts = []
-    for _, members in groups:
+    for _, _, members in groups:
         table_of, rows_of, restore_of = [], [], []
         for t, (_, w, specs) in enumerate(members):
             for _, r in specs:
@@ -499,12 +509,14 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
                 rows_of.append(w)
                 restore_of.append(r)
         layouts.append(tuple(np.asarray(a, np.int64) for a in (table_of, rows_of, restore_of)))
+    in_numpy = [g for g, (_, in_kernel, _) in enumerate(groups) if not in_kernel]
 
     @tf.autograph.experimental.do_not_convert
     def gather_all(flat, part_sizes):
         starts, ends = bk.part_bounds(part_sizes, n_parts)
         outs = []
-        for (dim, members), (table_of, rows_of, restore_of) in zip(groups, layouts):
+        for g in in_numpy:
+            (dim, _, members), (table_of, rows_of, restore_of) = groups[g], layouts[g]
             out = tensor_buffers.empty(
                 (int(ends[restore_of].sum() - starts[restore_of].sum()), dim), np.float32)
             with pinned_storages([table.rows for table, _, _ in members]) as storages:
@@ -518,9 +530,27 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             outs.append(out)
         return outs
 
+    def gather_groups():
+        """Each group's embeddings: the compiled op per fixed-capacity group (it releases
+        the batch through the registry), one numpy function for the growing ones."""
+        outs = [None] * len(groups)
+        if in_numpy:
+            for g, out in zip(in_numpy, tf.numpy_function(
+                    gather_all, [flat, sizes], [tf.float32] * len(in_numpy), stateful=True,
+                    name="sparseflow_gather")):
+                outs[g] = out
+        for g, ((dim, in_kernel, members), (table_of, rows_of, restore_of)) in enumerate(
+                zip(groups, layouts)):
+            if in_kernel:
+                tokens = np.asarray([members[t][0].registry_token() for t in table_of],
+                                    np.int64)
+                outs[g] = batch_ops.gather_tables(flat, sizes, tokens, rows_of, restore_of,
+                                                  n_parts, dim, name="sparseflow_gather")
+        return outs
+
     # Per group, its specs in output order.
     group_specs = [[(s, r) for _, _, pairs in members for s, r in pairs]
-                   for _, members in groups]
+                   for _, _, members in groups]
 
     def split(tensor, part_indices):
         if len(part_indices) == 1:
@@ -531,10 +561,9 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     @tf.custom_gradient
     def gather(*anchors):
         del anchors  # only carry the gradients to the tables
-        outs = tf.numpy_function(gather_all, [flat, sizes], [tf.float32] * len(groups),
-                                 stateful=True, name="sparseflow_gather")
+        outs = gather_groups()
         pieces = []
-        for (dim, _), out, specs in zip(groups, outs, group_specs):
+        for (dim, _, _), out, specs in zip(groups, outs, group_specs):
             out.set_shape([None, dim])
             pieces.extend(split(out, [r for _, r in specs]))
 
@@ -542,17 +571,13 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
             dys = [tf.zeros_like(piece) if dy is None else tf.convert_to_tensor(dy)
                    for dy, piece in zip(dys, pieces)]
             # One compiled op per group, not a numpy function: the backward pass reaches
-            # the sparse update without entering Python (ops/batch_ops.py). Imported here:
-            # loading its kernel starts numba's compiler (~0.4 s), which a process that
-            # never trains a batch lookup need not pay.
-            from sparseflow.ops import batch_ops
-
-            # After the gather: an update applied from this gradient must not overwrite the
+            # the sparse update without entering Python (ops/batch_ops.py).
+            # After the gathers: an update applied from this gradient must not overwrite the
             # rows before the batch has read them (a loss linear in the embeddings gives a
             # gradient that does not depend on them). The ops read the batch's parts through
-            # an identity that runs after the gather: a control dependency on their block
+            # an identity that runs after the gathers: a control dependency on their block
             # would reach only their constant inputs.
-            flat_after_gather = read_after(outs[0], flat)
+            flat_after_gather = read_after(outs, flat)
             summed, at = [], 0
             for (_, rows_of, restore_of), specs in zip(layouts, group_specs):
                 summed.append(batch_ops.sum_tables(
@@ -560,7 +585,7 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
                     dys[at:at + len(specs)], name="sparseflow_gather_grad"))
                 at += len(specs)
             by_table = {}
-            for (dim, members), total in zip(groups, summed):
+            for (dim, _, members), total in zip(groups, summed):
                 total.set_shape([None, dim])
                 for (table, w, _), piece in zip(members,
                                                 split(total, [w for _, w, _ in members])):

@@ -319,6 +319,27 @@ class SparseTable:
             if holds_no_row and self.tiers is not None:
                 self.tiers.close()   # the homes are made again, as wide as the new rows
 
+    @property
+    def gathers_in_kernel(self) -> bool:
+        """Whether a batch's compiled gather reads this table (host rows of a fixed
+        capacity, no tiers); others are read by numpy functions under :meth:`HostRows.pinned`
+        (growth moves the rows) or by TF ops (device rows)."""
+        return self.rows_on == "host" and self.tiers is None and not self.expands
+
+    def registry_token(self) -> int:
+        """The token a compiled gather names this table by (``ops/table_registry.py``); the
+        batches such gathers release are applied by this table's key processor.
+
+        Raises:
+          ValueError: the table is not read by compiled gathers (:attr:`gathers_in_kernel`).
+        """
+        if not self.gathers_in_kernel:
+            raise ValueError(f"Table `{self.table_name}` is not read by compiled gathers "
+                             f"(device rows, tiers or dynamic expansion).")
+        entry = self.rows.registry_entry()
+        self.processor.take_kernel_releases(entry, lambda: self.rows.optimizer is None)
+        return entry.token
+
     def gradient_anchor(self) -> tf.Tensor:
         """The tensor that stands for this table in the current graph for ``tf.gradients``."""
         graph = tf.compat.v1.get_default_graph()

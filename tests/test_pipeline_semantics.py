@@ -129,8 +129,8 @@ def test_specs_sharing_a_table_share_rows_and_one_call(sf_init):
     assert len(rows) == 4  # keys 1, 2, 3, 4 deduplicated across both specs
     np.testing.assert_array_equal(a[0, 1], b[0, 0])  # key 2 in both features
     np.testing.assert_array_equal(a[0, 0], a[1, 1])  # key 1 twice
-    gathers = [op for op in graph.get_operations() if op.type == "PyFunc"
-               and "gather" in op.name]
+    gathers = [op for op in graph.get_operations()
+               if op.type in ("PyFunc", "SparseflowGatherTables") and "gather" in op.name]
     assert len(gathers) == 1  # one gather per table, shared by both lookups
 
 

@@ -91,12 +91,14 @@ def test_equivalence_with_dense_variable_and_plain_tf_lazy_adam():
     with tf.Graph().as_default() as graph:
         ours, exported, init_specs = _sparseflow_losses(
             data, tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3))
-    # The embeddings' gradient is summed by the compiled op (one per width: two here), not
-    # a numpy function.
-    sums = [op for op in graph.get_operations() if op.type == "SparseflowSumTables"]
+    # The embeddings are gathered, and their gradient summed, by compiled ops (one of each
+    # per width: two here), not numpy functions.
+    ops = graph.get_operations()
+    sums = [op for op in ops if op.type == "SparseflowSumTables"]
     assert len(sums) == 2 and all("sparseflow_gather_grad" in op.name for op in sums)
-    assert not [op for op in graph.get_operations()
-                if op.type == "PyFunc" and "sparseflow_gather_grad" in op.name]
+    gathers = [op for op in ops if op.type == "SparseflowGatherTables"]
+    assert len(gathers) == 2 and all("sparseflow_gather" in op.name for op in gathers)
+    assert not [op for op in ops if op.type == "PyFunc" and "sparseflow_gather" in op.name]
     with tf.Graph().as_default():
         ref, final = _reference_losses(data, init_specs)
     assert len(ours) == len(ref) == STEPS

@@ -61,7 +61,8 @@ class HostRows:
         self.slot_values: tuple[float, ...] = ()
         self.slot_names: tuple[str, ...] = ()
         self.optimizer = None
-        self.storage: np.ndarray | None = None
+        self._storage: np.ndarray | None = None
+        self._entry = None   # registry entry, made when a compiled op first needs it
         self.closed = False
         self._fill_args: tuple | None = None
         self._lock = threading.Lock()         # first allocation
@@ -77,6 +78,41 @@ class HostRows:
         # grown table's old array must be freed) were made resident ahead of use.
         self._resident_until = 0
         self._resident_of = None
+
+    @property
+    def storage(self) -> np.ndarray | None:
+        """The rows, float32 ``[capacity, width]``, or None before allocation."""
+        return self._storage
+
+    @storage.setter
+    def storage(self, storage: np.ndarray | None) -> None:
+        # The registry entry follows every replacement: compiled ops read the rows through it.
+        self._storage = storage
+        if self._entry is not None:
+            self._entry.publish(storage)
+
+    def registry_entry(self):
+        """This table's entry in the registry compiled ops read rows through
+        (``ops/table_registry.py``), made on first call; it follows the storage from then on.
+
+        Raises:
+          ValueError: the storage expands (growth replaces it while ops may read it: those
+            tables are read under :meth:`pinned`).
+          RuntimeError: the table was closed, or the registry is full.
+        """
+        if self.block_rows is not None:
+            raise ValueError(f"Table `{self.name}` grows by dynamic expansion; compiled ops "
+                             f"read fixed-capacity tables only.")
+        if self.closed:
+            raise RuntimeError(f"Table `{self.name}` was released by "
+                               f"terminate_config_initializer(); its rows are gone.")
+        if self._entry is None:
+            from sparseflow.ops.table_registry import TableEntry
+
+            entry = TableEntry(self.name)
+            entry.publish(self._storage)
+            self._entry = entry
+        return self._entry
 
     @property
     def expands(self) -> bool:
@@ -110,7 +146,10 @@ class HostRows:
                     f"the sparse optimizer's apply_gradients (or pass it to create_table's "
                     f"optimizer_list) before the first batch is drawn.")
             with self._lock:
-                self.storage = None
+                # A new, wider array now rather than at first use: compiled ops read the
+                # rows through the registry, which must never point at nothing once a
+                # table has storage.
+                self.storage = np.zeros((self.capacity, self.width_for(names)), np.float32)
         self.optimizer = optimizer
         self.slot_names = names
         self.slot_values = tuple(float(v) for v in optimizer.slot_initial_values)
@@ -119,7 +158,11 @@ class HostRows:
     @property
     def width(self) -> int:
         """Floats per row: weights plus slots."""
-        return self.dim * (1 + len(self.slot_names))
+        return self.width_for(self.slot_names)
+
+    def width_for(self, slot_names) -> int:
+        """Floats per row with ``slot_names`` as the optimizer's slots."""
+        return self.dim * (1 + len(slot_names))
 
     def allocate(self) -> np.ndarray:
         """Allocates the storage if not yet done; returns it.
@@ -291,3 +334,5 @@ class HostRows:
         self.closed = True
         self.storage = None
         self._resident_of = None
+        if self._entry is not None:
+            self._entry.close()

@@ -69,12 +69,7 @@ def expand_tables(storages, flat, starts, ends, member_table, member_rows, membe
       out: float32 ``[sum of the members' keys, dim]``, written.
     """
     n_members = member_table.shape[0]
-    most = 0
-    for m in range(n_members):
-        w = member_rows[m]
-        if ends[w] - starts[w] > most:
-            most = ends[w] - starts[w]
-    unique = np.empty((most, dim), np.float32)
+    unique = np.empty((most_unique_rows(member_rows, starts, ends), dim), np.float32)
     at = 0
     gathered = -1
     for m in range(n_members):
@@ -84,11 +79,32 @@ def expand_tables(storages, flat, starts, ends, member_table, member_rows, membe
                         unique[:ends[w] - starts[w]])
             gathered = w
         r = member_restore[m]
-        for i in range(starts[r], ends[r]):
-            u = flat[i]
-            for j in range(dim):
-                out[at, j] = unique[u, j]
-            at += 1
+        at = expand_member(unique, flat[starts[r]:ends[r]], out, at)
+
+
+@numba.njit(**_JIT)
+def most_unique_rows(member_rows, starts, ends):
+    """The largest unique-row count among the members' tables (the size of the buffer
+    :func:`expand_tables` reads a table's unique rows into)."""
+    most = 0
+    for m in range(member_rows.shape[0]):
+        w = member_rows[m]
+        if ends[w] - starts[w] > most:
+            most = ends[w] - starts[w]
+    return most
+
+
+@numba.njit(**_JIT)
+def expand_member(unique, restore, out, at):
+    """``out[at + i] = unique[restore[i]]`` for every key i of one member (the step of
+    :func:`expand_tables`); returns the row after the last one written."""
+    dim = out.shape[1]
+    for i in range(restore.shape[0]):
+        u = restore[i]
+        for j in range(dim):
+            out[at, j] = unique[u, j]
+        at += 1
+    return at
 
 
 @numba.njit(**_JIT)

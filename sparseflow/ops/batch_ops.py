@@ -13,8 +13,10 @@ import numpy as np
 import tensorflow as tf
 from numba import types
 
+from sparseflow.ops import table_registry as registry
 from sparseflow.ops import tf_capi as capi
-from sparseflow.ops.batch_kernels import add_member_gradient, member_offsets
+from sparseflow.ops.batch_kernels import (add_member_gradient, expand_member, gather_rows,
+                                          member_offsets, most_unique_rows)
 
 SUM_TABLES = "SparseflowSumTables"
 
@@ -32,6 +34,30 @@ _TOO_LARGE = capi.message_bytes(
 _KERNEL_ERROR = capi.message_bytes(
     "SparseflowSumTables: the kernel raised (an allocation failed?)")
 _MAX_OUTPUT_FLOATS = 2 ** 60   # TF aborts the process on a shape whose size overflows
+
+GATHER_TABLES = "SparseflowGatherTables"
+
+_BAD_GATHER_LAYOUT = capi.message_bytes(
+    "SparseflowGatherTables: flat and part_sizes must be 1-D, n_parts and dim scalars with "
+    "n_parts in [0, len(part_sizes)] and dim >= 1, part sizes >= 0 with the parts inside "
+    "flat, member_tables, member_rows and member_restore int64 [N >= 1] with rows and "
+    "restore naming parts below n_parts, a table's members consecutive and of one table, "
+    "and each table's batch seq at part_sizes[n_parts + its rows' part]")
+_UNKNOWN_TABLE = capi.message_bytes(
+    "SparseflowGatherTables: a member's table token names no table alive in this process "
+    "(the table was released by terminate_config_initializer(), or the graph was built in "
+    "another process)")
+_NARROW_TABLE = capi.message_bytes(
+    "SparseflowGatherTables: a member's table rows are narrower than dim")
+_BAD_ROW = capi.message_bytes(
+    "SparseflowGatherTables: a row index is outside its table (-1, a key without a row, is "
+    "the only negative index allowed)")
+_BAD_GATHER_RESTORE = capi.message_bytes(
+    "SparseflowGatherTables: a restore vector indexes past its table's unique rows")
+_GATHER_TOO_LARGE = capi.message_bytes(
+    "SparseflowGatherTables: the output would exceed 2^62 bytes")
+_GATHER_KERNEL_ERROR = capi.message_bytes(
+    "SparseflowGatherTables: the kernel raised (an allocation failed?)")
 
 
 @numba.njit(nogil=True, cache=True)
@@ -74,6 +100,24 @@ def _members_valid(member_rows, member_restore, n_parts):
 
 
 @numba.njit(nogil=True, cache=True)
+def _part_bounds(flat, sizes, n_parts):
+    """int64 (starts, ends) of the first ``n_parts`` parts in ``flat``; empty arrays when a
+    size is negative or the parts run past ``flat``."""
+    starts = np.empty(n_parts, np.int64)
+    ends = np.empty(n_parts, np.int64)
+    at = 0
+    for p in range(n_parts):
+        if sizes[p] < 0 or sizes[p] > flat.shape[0]:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        starts[p] = at
+        at += sizes[p]
+        ends[p] = at
+    if at > flat.shape[0]:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return starts, ends
+
+
+@numba.njit(nogil=True, cache=True)
 def _fail(context, status, message):
     capi.set_status(status, capi.TF_INVALID_ARGUMENT, message.ctypes.data)
     capi.kernel_failure(context, status)
@@ -86,17 +130,8 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
             or n_parts > sizes.shape[0] or member_restore.shape[0] != n_members):
         _fail(context, status, _BAD_LAYOUT)
         return
-    starts = np.empty(n_parts, np.int64)
-    ends = np.empty(n_parts, np.int64)
-    at = 0
-    for p in range(n_parts):
-        if sizes[p] < 0 or sizes[p] > flat.shape[0]:
-            _fail(context, status, _BAD_LAYOUT)
-            return
-        starts[p] = at
-        at += sizes[p]
-        ends[p] = at
-    if at > flat.shape[0] or not _members_valid(member_rows, member_restore, n_parts):
+    starts, ends = _part_bounds(flat, sizes, n_parts)
+    if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
         _fail(context, status, _BAD_LAYOUT)
         return
     offsets, n_unique = member_offsets(member_rows, starts, ends)
@@ -145,44 +180,184 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
     capi.delete_tensor(result)
 
 
+@numba.njit(nogil=True, cache=True)
+def _int32s(handle):
+    return numba.carray(capi.int32_pointer(capi.tensor_data(handle)), capi.tensor_dim(handle, 0))
+
+
+@numba.njit(nogil=True, cache=True)
+def _int64s(handle):
+    return numba.carray(capi.int64_pointer(capi.tensor_data(handle)), capi.tensor_dim(handle, 0))
+
+
+@numba.njit(nogil=True, cache=True)
+def _int64_scalar(handle):
+    return numba.carray(capi.int64_pointer(capi.tensor_data(handle)), 1)[0]
+
+
+@numba.njit(nogil=True, cache=True)
+def _inputs(context, n, slot, status):
+    """Handles of inputs ``[0, n)`` (0 where TF refused one) and whether all were taken;
+    free them with :func:`_delete_all`."""
+    handles = np.zeros(n, np.uint64)
+    got = True
+    for k in range(n):
+        handles[k] = _input(context, k, slot, status)
+        got = got and handles[k] != 0
+    return handles, got
+
+
+@numba.njit(nogil=True, cache=True)
+def _ranks_are(handles, ranks):
+    for k in range(ranks.shape[0]):
+        if capi.tensor_rank(handles[k]) != ranks[k]:
+            return False
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
+def _delete_all(handles):
+    for k in range(handles.shape[0]):
+        if handles[k] != 0:
+            capi.delete_tensor(handles[k])
+
+
+_SUM_RANKS = np.array([1, 1, 1, 1, 0], np.int32)
+
+
 @numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
 def _sum_tables_kernel(kernel, context):
     # Inputs: flat int32 [F], part_sizes int64 [>= n_parts], member_rows int64 [N],
     # member_restore int64 [N], n_parts int64 [], grads N x float32 [keys, dim].
     status = capi.new_status()
     slot = np.zeros(1, np.uint64)
-    handles = np.zeros(5, np.uint64)
-    got = True
-    for k in range(5):
-        handles[k] = _input(context, k, slot, status)
-        got = got and handles[k] != 0
+    handles, got = _inputs(context, 5, slot, status)
     if not got:
         capi.kernel_failure(context, status)
-    elif (capi.tensor_rank(handles[0]) != 1 or capi.tensor_rank(handles[1]) != 1
-          or capi.tensor_rank(handles[2]) != 1 or capi.tensor_rank(handles[3]) != 1
-          or capi.tensor_rank(handles[4]) != 0):
+    elif not _ranks_are(handles, _SUM_RANKS):
         _fail(context, status, _BAD_LAYOUT)
     else:
-        flat = numba.carray(capi.int32_pointer(capi.tensor_data(handles[0])),
-                            capi.tensor_dim(handles[0], 0))
-        sizes = numba.carray(capi.int64_pointer(capi.tensor_data(handles[1])),
-                             capi.tensor_dim(handles[1], 0))
-        n_members = capi.tensor_dim(handles[2], 0)
-        member_rows = numba.carray(capi.int64_pointer(capi.tensor_data(handles[2])),
-                                   n_members)
-        member_restore = numba.carray(capi.int64_pointer(capi.tensor_data(handles[3])),
-                                      capi.tensor_dim(handles[3], 0))
-        n_parts = numba.carray(capi.int64_pointer(capi.tensor_data(handles[4])), 1)[0]
         # An exception must still fail the op and free the handles below: numba would
         # print it and return with no output set.
         try:
-            _sum_members(context, status, slot, flat, sizes, member_rows, member_restore,
-                         n_parts, n_members)
+            _sum_members(context, status, slot, _int32s(handles[0]), _int64s(handles[1]),
+                         _int64s(handles[2]), _int64s(handles[3]), _int64_scalar(handles[4]),
+                         capi.tensor_dim(handles[2], 0))
         except Exception:  # noqa: BLE001
             _fail(context, status, _KERNEL_ERROR)
-    for k in range(5):
-        if handles[k] != 0:
-            capi.delete_tensor(handles[k])
+    _delete_all(handles)
+    capi.delete_status(status)
+
+
+# -- the gather ------------------------------------------------------------------------------
+
+@numba.njit(nogil=True, cache=True)
+def _rows_in_range(rows, n_rows):
+    # -1 is a key without a row (zeros); anything else outside the table would read
+    # outside its storage.
+    for i in range(rows.shape[0]):
+        if rows[i] < -1 or rows[i] >= n_rows:
+            return False
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
+def _fail_with(context, status, code, message):
+    capi.set_status(status, code, message.ctypes.data)
+    capi.kernel_failure(context, status)
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather_members(context, status, flat, sizes, tables, member_rows, member_restore,
+                    n_parts, dim):
+    n_members = member_rows.shape[0]
+    if (n_members < 1 or tables.shape[0] != n_members or member_restore.shape[0] != n_members
+            or n_parts < 0 or n_parts > sizes.shape[0] or dim < 1):
+        _fail(context, status, _BAD_GATHER_LAYOUT)
+        return
+    starts, ends = _part_bounds(flat, sizes, n_parts)
+    if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
+        _fail(context, status, _BAD_GATHER_LAYOUT)
+        return
+    reg = registry.registry()
+    slots = np.empty(n_members, np.int64)
+    n_keys = 0
+    for m in range(n_members):
+        w = member_rows[m]
+        r = member_restore[m]
+        first_of_table = m == 0 or member_rows[m - 1] != w
+        if n_parts + w >= sizes.shape[0] or not (first_of_table or tables[m - 1] == tables[m]):
+            _fail(context, status, _BAD_GATHER_LAYOUT)
+            return
+        slots[m] = registry.entry_slot(tables[m])
+        if slots[m] < 0:
+            _fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
+            return
+        if reg[slots[m], registry.WIDTH] < dim:
+            _fail(context, status, _NARROW_TABLE)
+            return
+        if first_of_table and not _rows_in_range(flat[starts[w]:ends[w]],
+                                                 reg[slots[m], registry.ROWS]):
+            _fail(context, status, _BAD_ROW)
+            return
+        if not _restore_in_range(flat[starts[r]:ends[r]], ends[w] - starts[w]):
+            _fail(context, status, _BAD_GATHER_RESTORE)
+            return
+        n_keys += ends[r] - starts[r]
+    if n_keys > _MAX_OUTPUT_FLOATS // dim:
+        _fail(context, status, _GATHER_TOO_LARGE)
+        return
+    dims = np.empty(2, np.int64)
+    dims[0] = n_keys
+    dims[1] = dim
+    result = capi.allocate_output(context, 0, capi.TF_FLOAT, dims.ctypes.data, 2,
+                                  n_keys * dim * 4, status)
+    if capi.status_code(status) != capi.TF_OK:
+        capi.kernel_failure(context, status)
+        return
+    out = numba.carray(capi.float32_pointer(capi.tensor_data(result)), (n_keys, dim))
+    unique = np.empty((most_unique_rows(member_rows, starts, ends), dim), np.float32)
+    at = 0
+    for m in range(n_members):
+        w = member_rows[m]
+        if m == 0 or member_rows[m - 1] != w:
+            storage = numba.carray(capi.float32_pointer(reg[slots[m], registry.STORAGE]),
+                                   (reg[slots[m], registry.ROWS],
+                                    reg[slots[m], registry.WIDTH]))
+            gather_rows(storage, flat[starts[w]:ends[w]], dim, unique[:ends[w] - starts[w]])
+        r = member_restore[m]
+        at = expand_member(unique, flat[starts[r]:ends[r]], out, at)
+    capi.delete_tensor(result)
+    # Every row is read: the batches are released (KeyProcessor.release, taken under its
+    # lock from the registry's queue).
+    for m in range(n_members):
+        w = member_rows[m]
+        if (m == 0 or member_rows[m - 1] != w) and sizes[n_parts + w] >= 0:
+            registry.push_released(slots[m], sizes[n_parts + w])
+
+
+_GATHER_RANKS = np.array([1, 1, 1, 1, 1, 0, 0], np.int32)
+
+
+@numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
+def _gather_tables_kernel(kernel, context):
+    # Inputs: flat int32 [F], part_sizes int64 [>= n_parts + tables], member_tables int64
+    # [N], member_rows int64 [N], member_restore int64 [N], n_parts int64 [], dim int64 [].
+    status = capi.new_status()
+    slot = np.zeros(1, np.uint64)
+    handles, got = _inputs(context, 7, slot, status)
+    if not got:
+        capi.kernel_failure(context, status)
+    elif not _ranks_are(handles, _GATHER_RANKS):
+        _fail(context, status, _BAD_GATHER_LAYOUT)
+    else:
+        try:
+            _gather_members(context, status, _int32s(handles[0]), _int64s(handles[1]),
+                            _int64s(handles[2]), _int64s(handles[3]), _int64s(handles[4]),
+                            _int64_scalar(handles[5]), _int64_scalar(handles[6]))
+        except Exception:  # noqa: BLE001
+            _fail(context, status, _GATHER_KERNEL_ERROR)
+    _delete_all(handles)
     capi.delete_status(status)
 
 
@@ -192,6 +367,50 @@ def _register() -> None:
         inputs=["flat: int32", "part_sizes: int64", "member_rows: int64",
                 "member_restore: int64", "n_parts: int64", "grads: N * float"],
         outputs=["summed: float"], attrs=["N: int >= 1"], compute=_sum_tables_kernel)
+    capi.register_op(
+        GATHER_TABLES,
+        inputs=["flat: int32", "part_sizes: int64", "member_tables: int64",
+                "member_rows: int64", "member_restore: int64", "n_parts: int64",
+                "dim: int64"],
+        outputs=["embeddings: float"], compute=_gather_tables_kernel, stateful=True)
+
+
+def gather_tables(flat, part_sizes, member_tables, member_rows, member_restore, n_parts: int,
+                  dim: int, name: str | None = None) -> tf.Tensor:
+    """Every member's embeddings, read from its table's rows, as one TensorFlow op; each
+    table's batch is then released (``KeyProcessor.release``, through the registry).
+
+    Args:
+      flat: int32 tensor, the batch's parts (``pipeline/insert_func.py``): a table's unique
+        rows (-1: a key without a row, read as zeros) and each feature's restore vector.
+      part_sizes: int64 tensor: the parts' sizes, then at ``n_parts + w`` the batch's
+        sequence number for the table whose rows are part ``w`` (-1: not tracked).
+      member_tables: int64 ``[N]``, per member its table's registry token
+        (``TableEntry.token``).
+      member_rows, member_restore: int64 ``[N]``, per member the part holding its table's
+        unique rows and the part holding its restore vector; a table's members consecutive.
+      n_parts: how many parts ``flat`` holds.
+      dim: the embedding width (each table's rows are at least this wide: weights first).
+      name: the node's name in a graph.
+
+    Returns:
+      float32 ``[sum of the members' keys, dim]``, the members in order. Running it raises
+      ``tf.errors.FailedPreconditionError`` when a token names no table alive in this process
+      and ``tf.errors.InvalidArgumentError`` for a row outside its table, a restore index
+      outside its table's unique rows, or a layout :func:`batch_kernels.expand_tables` does
+      not take.
+    """
+    _register()
+    embeddings = capi.apply_op(
+        GATHER_TABLES,
+        [tf.cast(flat, tf.int32), tf.cast(part_sizes, tf.int64),
+         tf.constant(member_tables, tf.int64), tf.cast(member_rows, tf.int64),
+         tf.cast(member_restore, tf.int64), tf.constant(n_parts, tf.int64),
+         tf.constant(dim, tf.int64)],
+        1, op_name=name)[0]
+    if not tf.executing_eagerly():
+        embeddings.set_shape([None, dim])
+    return embeddings
 
 
 def sum_tables(flat, part_sizes, member_rows, member_restore, n_parts: int, grads: list,

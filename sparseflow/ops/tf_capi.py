@@ -33,6 +33,7 @@ from numba.core.extending import intrinsic
 TF_FLOAT = 1              # TF_DataType (tensorflow/c/tf_datatype.h)
 TF_OK = 0                 # TF_Code (tensorflow/c/tf_status.h)
 TF_INVALID_ARGUMENT = 3
+TF_FAILED_PRECONDITION = 9
 
 
 def _framework_library() -> ctypes.CDLL:
@@ -118,6 +119,8 @@ _add_attr = _c_function("TF_OpDefinitionBuilderAddAttr", None, ctypes.c_void_p,
                        ctypes.c_char_p)
 _set_shape_fn = _c_function("TF_OpDefinitionBuilderSetShapeInferenceFunction", None,
                            ctypes.c_void_p, ctypes.c_void_p)
+_set_stateful = _c_function("TF_OpDefinitionBuilderSetIsStateful", None, ctypes.c_void_p,
+                            ctypes.c_bool)
 _register_op = _c_function("TF_RegisterOpDefinition", None, ctypes.c_void_p, ctypes.c_void_p)
 _new_kernel_builder = _c_function("TF_NewKernelBuilder", ctypes.c_void_p, ctypes.c_char_p,
                                  ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -159,7 +162,7 @@ _registering = threading.Lock()
 
 
 def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list[str] = (),
-                compute) -> None:
+                compute, stateful: bool = False) -> None:
     """Registers op ``name`` with TensorFlow, its CPU kernel the cfunc ``compute``
     (``void(uint64 kernel, uint64 context)``); once per process, later calls return at once.
 
@@ -167,8 +170,9 @@ def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list
       name: the op's type name (CamelCase, unique in the process).
       inputs, outputs, attrs: OpDef specs, as ``REGISTER_OP`` takes them ("x: float",
         "grads: N * float", "N: int >= 1").
-      compute: a ``numba.cfunc`` of signature ``void(uint64, uint64)``, a pure function of
-        the op's inputs (the op is registered stateless: TensorFlow may fold or prune it).
+      compute: a ``numba.cfunc`` of signature ``void(uint64, uint64)``.
+      stateful: whether the kernel reads or changes state beyond its inputs (a table's rows);
+        TensorFlow folds, prunes or merges only stateless ops.
 
     Raises:
       RuntimeError: TensorFlow refused the op or its kernel (its message included).
@@ -187,6 +191,7 @@ def register_op(name: str, *, inputs: list[str], outputs: list[str], attrs: list
                 for spec in attrs:
                     _add_attr(builder, spec.encode())
                 _set_shape_fn(builder, _unknown_shape.address)
+                _set_stateful(builder, stateful)
                 _register_op(builder, status)   # consumes the builder
                 _check(status, f"registering op {name}")
                 # A retry after a refused kernel must not define the op twice.

@@ -118,7 +118,7 @@ class _StateLock:
 
     def _entered(self) -> None:
         self._depth += 1
-        if self._depth == 1 and self._processor._released:   # noqa: SLF001 -- its own lock
+        if self._depth == 1 and self._processor.has_deferred_releases():
             try:
                 self._processor._apply_released()   # noqa: SLF001
             except BaseException:
@@ -273,6 +273,9 @@ class KeyProcessor:
         # Releases the model's gather made while the lock was held (by the input pipeline's
         # thread, processing the next batch): applied by the next holder (_StateLock).
         self._released: collections.deque = collections.deque()
+        # Releases made by compiled gathers (ops/batch_ops.py), queued in the table's registry
+        # entry; applied like the deferred ones. (entry, whether to drain) once attached.
+        self._kernel_releases = None
         self.lock = _StateLock(self)
         # In-flight tracking (on for a table that trains: the table turns it on): every call
         # gets a sequence number; the model's gather releases it. Rows freed by an eviction
@@ -450,11 +453,35 @@ class KeyProcessor:
         if drain:
             self._drain_quarantine()
 
+    def take_kernel_releases(self, entry, drain: Callable[[], bool]) -> None:
+        """Applies, from now on, the releases compiled gathers queue in ``entry`` (a
+        ``TableEntry``): at the next lock entry, as deferred releases; ``drain()`` says
+        whether each frees quarantined rows (as :meth:`release`'s ``drain``). Idempotent."""
+        with self.lock:
+            self._kernel_releases = (entry, drain)
+
+    def has_deferred_releases(self) -> bool:
+        """Whether releases wait to be applied (by the lock's next holder)."""
+        return bool(self._released) or (self._kernel_releases is not None
+                                         and self._kernel_releases[0].has_released())
+
     def _apply_released(self) -> None:
-        """Applies the releases deferred while another thread held the lock (the caller
-        holds it)."""
+        """Applies the releases deferred while another thread held the lock and those
+        compiled gathers queued (the caller holds it)."""
         while self._released:
             self._release(*self._released.popleft())
+        if self._kernel_releases is not None:
+            entry, drain = self._kernel_releases
+            seqs, newest_unqueued = entry.take_released()
+            if seqs.shape[0] or newest_unqueued >= 0:
+                drains = bool(drain())
+                for seq in seqs:
+                    self._release(int(seq), drains)
+                if newest_unqueued >= 0:
+                    # The queue was full: every batch up to that one counts as read (gathers
+                    # run in batch order but for a parallel map's reordering).
+                    for seq in sorted(s for s in self._outstanding if s <= newest_unqueued):
+                        self._release(seq, drains)
 
     def drain(self) -> None:
         """Frees quarantined rows that no batch in flight still needs (after an update)."""
@@ -523,6 +550,8 @@ class KeyProcessor:
     def reset_in_flight(self) -> None:
         """Forgets batches in flight and quarantined rows (a restore replaces every row)."""
         self._released.clear()
+        if self._kernel_releases is not None:
+            self._kernel_releases[0].take_released()
         self._outstanding.clear()
         self._quarantine.clear()
         self.journal.clear()
