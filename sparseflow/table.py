@@ -327,8 +327,8 @@ class SparseTable:
         return self.rows_on == "host" and self.tiers is None and not self.expands
 
     def registry_token(self) -> int:
-        """The token a compiled gather names this table by (``ops/table_registry.py``); the
-        batches such gathers release are applied by this table's key processor.
+        """The token compiled ops name this table by (``ops/table_registry.py``); what they
+        queue (batches released, updates run) is applied by this table's key processor.
 
         Raises:
           ValueError: the table is not read by compiled gathers (:attr:`gathers_in_kernel`).
@@ -337,7 +337,7 @@ class SparseTable:
             raise ValueError(f"Table `{self.table_name}` is not read by compiled gathers "
                              f"(device rows, tiers or dynamic expansion).")
         entry = self.rows.registry_entry()
-        self.processor.take_kernel_releases(entry, lambda: self.rows.optimizer is None)
+        self.processor.take_kernel_events(entry, lambda: self.rows.optimizer is None)
         return entry.token
 
     def gradient_anchor(self) -> tf.Tensor:

@@ -67,7 +67,7 @@ def test_gather_op_vs_numpy_eager_and_function(seed, entries):
 def test_gather_op_releases_each_tables_batch_once_per_run(entries):
     parts, flat, sizes, members, layout, tokens = _batch(0, entries)
     for entry, _ in entries:
-        entry.take_released()
+        entry.take_events()
     graph = tf.Graph()
     with graph.as_default():
         out = batch_ops.gather_tables(flat, sizes, tokens, layout[1], layout[2], len(parts),
@@ -80,17 +80,17 @@ def test_gather_op_releases_each_tables_batch_once_per_run(entries):
                 session.run(out)
     for t, (entry, _) in enumerate(entries):
         rows_part = next(w for tt, w, _ in members if tt == t)
-        released, overflow = entry.take_released()
-        assert released.tolist() == [100 + rows_part] * 2 and overflow == -1
-        assert not entry.has_released()
+        released, overflow, drain_lost = entry.take_events()
+        assert released.tolist() == [100 + rows_part] * 2 and overflow == -1 and not drain_lost
+        assert not entry.has_events()
 
 
 def test_gather_op_releases_nothing_for_an_untracked_batch(entries):
     parts, flat, sizes, members, layout, tokens = _batch(1, entries, seqs=[-1] * 30)
     for entry, _ in entries:
-        entry.take_released()
+        entry.take_events()
     batch_ops.gather_tables(flat, sizes, tokens, layout[1], layout[2], len(parts), DIM)
-    assert not any(entry.has_released() for entry, _ in entries)
+    assert not any(entry.has_events() for entry, _ in entries)
 
 
 def test_gather_op_reads_the_storage_published_last(entries):
@@ -180,29 +180,51 @@ def test_gather_op_of_an_empty_batch(entries):
 
 
 @numba.njit
-def _push(slot, seqs):
-    for s in seqs:
-        registry.push_released(slot, s)
+def push_events(slot, events):
+    """Pushes ``events`` (seqs, or registry.DRAIN) onto entry ``slot``'s queue, as the
+    compiled ops do."""
+    for event in events:
+        if event == registry.DRAIN:
+            registry.push_drain(slot)
+        else:
+            registry.push_released(slot, event)
 
 
-def test_release_queue_keeps_order_and_overflows_to_the_newest_seq():
+def test_event_queue_keeps_order_and_overflows_to_the_newest_seq_and_a_lost_drain():
     entry = registry.TableEntry("queue")
     try:
         entry.publish(np.zeros((1, 1), np.float32))
-        _push(entry.slot, np.array([5, 3, 4]))
-        assert entry.has_released()
-        released, overflow = entry.take_released()
-        assert released.tolist() == [5, 3, 4] and overflow == -1
-        assert not entry.has_released()
+        push_events(entry.slot, np.array([5, registry.DRAIN, 3, 4, registry.DRAIN]))
+        assert entry.has_events()
+        events, overflow, drain_lost = entry.take_events()
+        assert events.tolist() == [5, registry.DRAIN, 3, 4, registry.DRAIN]
+        assert overflow == -1 and not drain_lost and not entry.has_events()
         n = registry.QUEUE_SIZE + 10
-        _push(entry.slot, np.arange(n))
-        released, overflow = entry.take_released()
-        # Nothing is lost: what the queue could not hold is covered by the newest seq.
-        assert released.tolist() == list(range(released.shape[0]))
-        assert overflow == n - 1 and released.shape[0] < n
-        assert entry.take_released()[1] == -1
+        push_events(entry.slot, np.append(np.arange(n), registry.DRAIN))
+        events, overflow, drain_lost = entry.take_events()
+        # Nothing is lost: what the queue could not hold is covered by the newest seq and
+        # the lost drain's flag.
+        assert events.tolist() == list(range(events.shape[0]))
+        assert overflow == n - 1 and events.shape[0] < n and drain_lost
+        assert entry.take_events()[1:] == (-1, False) and not entry.has_events()
     finally:
         entry.close()
+
+
+def test_step_count_and_marks_through_the_entry():
+    entry = registry.TableEntry("steps")
+    try:
+        entry.steps = 41
+        assert entry.count_step() == 42 and entry.steps == 42
+        marks = np.zeros(5, np.bool_)
+        entry.publish_marks(marks)
+        with pytest.raises(ValueError, match="C-contiguous bool vector"):
+            entry.publish_marks(np.zeros(5, np.int8))
+    finally:
+        entry.close()
+    assert entry.steps == 42   # readable after close (a checkpoint after terminate)
+    with pytest.raises(RuntimeError, match="released"):
+        entry.count_step()
 
 
 def test_registry_entries_are_reused_with_new_tokens():

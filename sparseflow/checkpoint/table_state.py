@@ -83,8 +83,7 @@ def take_window(table):
     next time, never missed."""
     processor = table.processor
     with processor.lock:
-        window = (processor.dirty, processor.tombstones)
-        processor.dirty = np.zeros_like(processor.dirty)
+        window = (processor.take_marks(), processor.tombstones)
         # Rows of batches in flight are left out of this state (read_ahead.py): the next
         # one must save what those batches change.
         processor.dirty[processor.in_flight_rows()] = True

@@ -61,17 +61,6 @@ _GATHER_KERNEL_ERROR = capi.message_bytes(
 
 
 @numba.njit(nogil=True, cache=True)
-def _input(context, index, slot, status):
-    """The handle of input ``index`` (to be deleted with ``delete_tensor``), 0 if TF
-    refused."""
-    slot[0] = 0
-    capi.get_input(context, index, slot.ctypes.data, status)
-    if capi.status_code(status) != capi.TF_OK:
-        return np.uint64(0)
-    return slot[0]
-
-
-@numba.njit(nogil=True, cache=True)
 def _restore_in_range(restore, n_rows):
     # An index past its table's unique rows would write outside the op's output.
     for i in range(restore.shape[0]):
@@ -118,34 +107,28 @@ def _part_bounds(flat, sizes, n_parts):
 
 
 @numba.njit(nogil=True, cache=True)
-def _fail(context, status, message):
-    capi.set_status(status, capi.TF_INVALID_ARGUMENT, message.ctypes.data)
-    capi.kernel_failure(context, status)
-
-
-@numba.njit(nogil=True, cache=True)
 def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore, n_parts,
                  n_members):
     if (capi.num_inputs(context) != 5 + n_members or n_members < 1 or n_parts < 0
             or n_parts > sizes.shape[0] or member_restore.shape[0] != n_members):
-        _fail(context, status, _BAD_LAYOUT)
+        capi.fail(context, status, _BAD_LAYOUT)
         return
     starts, ends = _part_bounds(flat, sizes, n_parts)
     if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
-        _fail(context, status, _BAD_LAYOUT)
+        capi.fail(context, status, _BAD_LAYOUT)
         return
     offsets, n_unique = member_offsets(member_rows, starts, ends)
-    first = _input(context, 5, slot, status)
+    first = capi.input_handle(context, 5, slot, status)
     if first == 0:
         capi.kernel_failure(context, status)
         return
     dim = capi.tensor_dim(first, 1) if capi.tensor_rank(first) == 2 else -1
     capi.delete_tensor(first)
     if dim < 0:
-        _fail(context, status, _BAD_GRADIENT)
+        capi.fail(context, status, _BAD_GRADIENT)
         return
     if dim > 0 and n_unique > _MAX_OUTPUT_FLOATS // dim:
-        _fail(context, status, _TOO_LARGE)
+        capi.fail(context, status, _TOO_LARGE)
         return
     dims = np.empty(2, np.int64)
     dims[0] = n_unique
@@ -159,7 +142,7 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
     out[:] = 0.0
     for m in range(n_members):
         r = member_restore[m]
-        handle = _input(context, 5 + m, slot, status)
+        handle = capi.input_handle(context, 5 + m, slot, status)
         if handle == 0:
             capi.kernel_failure(context, status)
             break
@@ -167,12 +150,12 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
         if (capi.tensor_rank(handle) != 2 or capi.tensor_dim(handle, 0) != n_keys
                 or capi.tensor_dim(handle, 1) != dim):
             capi.delete_tensor(handle)
-            _fail(context, status, _BAD_GRADIENT)
+            capi.fail(context, status, _BAD_GRADIENT)
             break
         if not _restore_in_range(flat[starts[r]:ends[r]],
                                  ends[member_rows[m]] - starts[member_rows[m]]):
             capi.delete_tensor(handle)
-            _fail(context, status, _BAD_RESTORE)
+            capi.fail(context, status, _BAD_RESTORE)
             break
         grad = numba.carray(capi.float32_pointer(capi.tensor_data(handle)), (n_keys, dim))
         add_member_gradient(grad, flat[starts[r]:ends[r]], offsets[m], out)
@@ -180,49 +163,15 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
     capi.delete_tensor(result)
 
 
-@numba.njit(nogil=True, cache=True)
-def _int32s(handle):
-    return numba.carray(capi.int32_pointer(capi.tensor_data(handle)), capi.tensor_dim(handle, 0))
-
-
-@numba.njit(nogil=True, cache=True)
-def _int64s(handle):
-    return numba.carray(capi.int64_pointer(capi.tensor_data(handle)), capi.tensor_dim(handle, 0))
-
-
-@numba.njit(nogil=True, cache=True)
-def _int64_scalar(handle):
-    return numba.carray(capi.int64_pointer(capi.tensor_data(handle)), 1)[0]
-
-
-@numba.njit(nogil=True, cache=True)
-def _inputs(context, n, slot, status):
-    """Handles of inputs ``[0, n)`` (0 where TF refused one) and whether all were taken;
-    free them with :func:`_delete_all`."""
-    handles = np.zeros(n, np.uint64)
-    got = True
-    for k in range(n):
-        handles[k] = _input(context, k, slot, status)
-        got = got and handles[k] != 0
-    return handles, got
-
-
-@numba.njit(nogil=True, cache=True)
-def _ranks_are(handles, ranks):
-    for k in range(ranks.shape[0]):
-        if capi.tensor_rank(handles[k]) != ranks[k]:
-            return False
-    return True
-
-
-@numba.njit(nogil=True, cache=True)
-def _delete_all(handles):
-    for k in range(handles.shape[0]):
-        if handles[k] != 0:
-            capi.delete_tensor(handles[k])
-
-
 _SUM_RANKS = np.array([1, 1, 1, 1, 0], np.int32)
+
+
+@numba.njit(nogil=True, cache=True)
+def _sum_body(context, status, slot, handles):
+    _sum_members(context, status, slot, capi.int32_vector(handles[0]),
+                 capi.int64_vector(handles[1]), capi.int64_vector(handles[2]),
+                 capi.int64_vector(handles[3]), capi.int64_scalar(handles[4]),
+                 capi.tensor_dim(handles[2], 0))
 
 
 @numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
@@ -231,40 +180,33 @@ def _sum_tables_kernel(kernel, context):
     # member_restore int64 [N], n_parts int64 [], grads N x float32 [keys, dim].
     status = capi.new_status()
     slot = np.zeros(1, np.uint64)
-    handles, got = _inputs(context, 5, slot, status)
+    handles, got = capi.input_handles(context, 5, slot, status)
     if not got:
         capi.kernel_failure(context, status)
-    elif not _ranks_are(handles, _SUM_RANKS):
-        _fail(context, status, _BAD_LAYOUT)
+    elif not capi.ranks_are(handles, _SUM_RANKS):
+        capi.fail(context, status, _BAD_LAYOUT)
     else:
         # An exception must still fail the op and free the handles below: numba would
-        # print it and return with no output set.
+        # print it and return with no output set. (The frame is written out in each
+        # kernel: passing the body as a function argument made numba refuse to cache it.)
         try:
-            _sum_members(context, status, slot, _int32s(handles[0]), _int64s(handles[1]),
-                         _int64s(handles[2]), _int64s(handles[3]), _int64_scalar(handles[4]),
-                         capi.tensor_dim(handles[2], 0))
+            _sum_body(context, status, slot, handles)
         except Exception:  # noqa: BLE001
-            _fail(context, status, _KERNEL_ERROR)
-    _delete_all(handles)
+            capi.fail(context, status, _KERNEL_ERROR)
+    capi.delete_handles(handles)
     capi.delete_status(status)
 
 
 # -- the gather ------------------------------------------------------------------------------
 
 @numba.njit(nogil=True, cache=True)
-def _rows_in_range(rows, n_rows):
-    # -1 is a key without a row (zeros); anything else outside the table would read
-    # outside its storage.
+def rows_in_range(rows, n_rows):
+    """Whether every row is -1 (a key without a row) or in ``[0, n_rows)``: anything else
+    would read or write outside a table's storage."""
     for i in range(rows.shape[0]):
         if rows[i] < -1 or rows[i] >= n_rows:
             return False
     return True
-
-
-@numba.njit(nogil=True, cache=True)
-def _fail_with(context, status, code, message):
-    capi.set_status(status, code, message.ctypes.data)
-    capi.kernel_failure(context, status)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -273,11 +215,11 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
     n_members = member_rows.shape[0]
     if (n_members < 1 or tables.shape[0] != n_members or member_restore.shape[0] != n_members
             or n_parts < 0 or n_parts > sizes.shape[0] or dim < 1):
-        _fail(context, status, _BAD_GATHER_LAYOUT)
+        capi.fail(context, status, _BAD_GATHER_LAYOUT)
         return
     starts, ends = _part_bounds(flat, sizes, n_parts)
     if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
-        _fail(context, status, _BAD_GATHER_LAYOUT)
+        capi.fail(context, status, _BAD_GATHER_LAYOUT)
         return
     reg = registry.registry()
     slots = np.empty(n_members, np.int64)
@@ -287,25 +229,25 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
         r = member_restore[m]
         first_of_table = m == 0 or member_rows[m - 1] != w
         if n_parts + w >= sizes.shape[0] or not (first_of_table or tables[m - 1] == tables[m]):
-            _fail(context, status, _BAD_GATHER_LAYOUT)
+            capi.fail(context, status, _BAD_GATHER_LAYOUT)
             return
         slots[m] = registry.entry_slot(tables[m])
         if slots[m] < 0:
-            _fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
+            capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
             return
         if reg[slots[m], registry.WIDTH] < dim:
-            _fail(context, status, _NARROW_TABLE)
+            capi.fail(context, status, _NARROW_TABLE)
             return
-        if first_of_table and not _rows_in_range(flat[starts[w]:ends[w]],
+        if first_of_table and not rows_in_range(flat[starts[w]:ends[w]],
                                                  reg[slots[m], registry.ROWS]):
-            _fail(context, status, _BAD_ROW)
+            capi.fail(context, status, _BAD_ROW)
             return
         if not _restore_in_range(flat[starts[r]:ends[r]], ends[w] - starts[w]):
-            _fail(context, status, _BAD_GATHER_RESTORE)
+            capi.fail(context, status, _BAD_GATHER_RESTORE)
             return
         n_keys += ends[r] - starts[r]
     if n_keys > _MAX_OUTPUT_FLOATS // dim:
-        _fail(context, status, _GATHER_TOO_LARGE)
+        capi.fail(context, status, _GATHER_TOO_LARGE)
         return
     dims = np.empty(2, np.int64)
     dims[0] = n_keys
@@ -339,25 +281,34 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
 _GATHER_RANKS = np.array([1, 1, 1, 1, 1, 0, 0], np.int32)
 
 
+@numba.njit(nogil=True, cache=True)
+def _gather_body(context, status, slot, handles):
+    _gather_members(context, status, capi.int32_vector(handles[0]),
+                    capi.int64_vector(handles[1]), capi.int64_vector(handles[2]),
+                    capi.int64_vector(handles[3]), capi.int64_vector(handles[4]),
+                    capi.int64_scalar(handles[5]), capi.int64_scalar(handles[6]))
+
+
 @numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
 def _gather_tables_kernel(kernel, context):
     # Inputs: flat int32 [F], part_sizes int64 [>= n_parts + tables], member_tables int64
     # [N], member_rows int64 [N], member_restore int64 [N], n_parts int64 [], dim int64 [].
     status = capi.new_status()
     slot = np.zeros(1, np.uint64)
-    handles, got = _inputs(context, 7, slot, status)
+    handles, got = capi.input_handles(context, 7, slot, status)
     if not got:
         capi.kernel_failure(context, status)
-    elif not _ranks_are(handles, _GATHER_RANKS):
-        _fail(context, status, _BAD_GATHER_LAYOUT)
+    elif not capi.ranks_are(handles, _GATHER_RANKS):
+        capi.fail(context, status, _BAD_GATHER_LAYOUT)
     else:
+        # An exception must still fail the op and free the handles below: numba would
+        # print it and return with no output set. (The frame is written out in each
+        # kernel: passing the body as a function argument made numba refuse to cache it.)
         try:
-            _gather_members(context, status, _int32s(handles[0]), _int64s(handles[1]),
-                            _int64s(handles[2]), _int64s(handles[3]), _int64s(handles[4]),
-                            _int64_scalar(handles[5]), _int64_scalar(handles[6]))
+            _gather_body(context, status, slot, handles)
         except Exception:  # noqa: BLE001
-            _fail(context, status, _GATHER_KERNEL_ERROR)
-    _delete_all(handles)
+            capi.fail(context, status, _GATHER_KERNEL_ERROR)
+    capi.delete_handles(handles)
     capi.delete_status(status)
 
 

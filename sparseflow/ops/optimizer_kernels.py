@@ -82,6 +82,7 @@ _SCAN_AHEAD = 16
 _CACHE_LINE_FLOATS = 16
 
 
+@numba.njit(**_JIT)
 def _prefetch_distance(width):
     """Rows to look ahead for storage rows of `width` float32s (+1 line: rows straddle lines)."""
     lines = (width * 4 + 63) // 64 + 1
@@ -360,11 +361,32 @@ def _adam_tables(storages, rows, grads, lr_t, b1, omb1, b2, omb2, eps):
             if r[k] >= capacity:
                 return t
     for t in range(len(storages)):
-        width = storages[t].shape[1]
-        lines = (width * 4 + 63) // 64 + 1
-        ahead = max(2, min(64, _PREFETCH_LINES // lines))
-        _adam_kernel(storages[t], rows[t], grads[t], ahead, lr_t[t], b1, omb1, b2, omb2, eps)
+        adam_update(storages[t], rows[t], grads[t], lr_t[t], b1, omb1, b2, omb2, eps)
     return -1
+
+
+@numba.njit(**_JIT)
+def adam_update(storage, rows, grads, lr_t, b1, omb1, b2, omb2, eps):
+    """The lazy Adam kernel on one storage, prefetching as its row width allows: rows
+    distinct (negative: skipped) and inside the storage (the caller checks), the
+    hyper-parameters float32 as :func:`apply_lazy_adam` derives them
+    (:func:`adam_step_rate` for ``lr_t``)."""
+    _adam_kernel(storage, rows, grads, _prefetch_distance(storage.shape[1]), lr_t, b1, omb1,
+                 b2, omb2, eps)
+
+
+@numba.njit(**_JIT)
+def adam_step_rate(learning_rate, b1, b2, step):
+    """Adam's step size with bias correction, ``learning_rate * sqrt(1 - b2^step) /
+    (1 - b1^step)``, float32. Like TF, the correction uses the betas as rounded to float32
+    (``b1``, ``b2``), so it stays consistent with the float32 (1 - beta) in the moments (at
+    step 1 the update is then lr * sign(g)); the powers are taken in float64 and rounded
+    once, so a large ``step`` loses nothing."""
+    b1d = np.float64(b1)
+    b2d = np.float64(b2)
+    t = np.float64(step)
+    return np.float32(learning_rate * math.sqrt(1.0 - math.pow(b2d, t))
+                      / (1.0 - math.pow(b1d, t)))
 
 
 @numba.njit(**_JIT)
@@ -544,12 +566,10 @@ def apply_lazy_adam(storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, *,
     rows, grads, ahead = prepared
     b1, b2 = _f32(beta1), _f32(beta2)
     one = _f32(1.0)
-    # Like TF, the bias correction uses the betas as rounded to float32, so it stays consistent
-    # with the float32 (1 - beta) in the moments (at step 1 the update is then lr * sign(g)).
-    # The powers are taken in float64 and rounded once, so a large `step` loses nothing.
-    lr_t = learning_rate * math.sqrt(1.0 - float(b2) ** step) / (1.0 - float(b1) ** step)
-    _adam_kernel(storage, rows, grads, ahead, _f32(lr_t), b1, one - b1, b2, one - b2,
-                 _f32(epsilon))
+    # numba hands a float32 result back to Python as a float: rounded, but the kernel would
+    # be compiled for a float64 lr_t without _f32.
+    lr_t = _f32(adam_step_rate(learning_rate, b1, b2, step))
+    _adam_kernel(storage, rows, grads, ahead, lr_t, b1, one - b1, b2, one - b2, _f32(epsilon))
 
 
 def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: list, *,
@@ -589,8 +609,8 @@ def apply_lazy_adam_tables(storages: tuple, rows: tuple, grads: tuple, steps: li
     grads = as_tuple(grads)
     b1, b2 = _f32(beta1), _f32(beta2)
     one = _f32(1.0)
-    lr_t = np.array([learning_rate * math.sqrt(1.0 - float(b2) ** step)
-                     / (1.0 - float(b1) ** step) for step in steps], np.float32)
+    lr_t = np.array([adam_step_rate(learning_rate, b1, b2, step) for step in steps],
+                    np.float32)
     bad = _adam_tables(storages, rows, grads, lr_t, b1, one - b1, b2, one - b2,
                        _f32(epsilon))
     if bad >= 0:

@@ -1,21 +1,23 @@
-"""Where compiled ops find a table's rows, and how they hand back the batches they read.
+"""Where compiled ops find a table's rows, and how they hand back what they did.
 
 A compiled op (``ops/tf_capi.py``) cannot hold a Python object, and a table's storage is a
 numpy array Python may replace (allocation, a wider slot layout, ``terminate``). So every
-host table gets an entry in one process-wide int64 array, the registry: its storage's
-address, rows and width, a generation, and a queue of the batches its gathers released. The
-registry is allocated once and never moves; kernels reach it through the symbol
-:data:`SYMBOL` (bound to its address with ``llvm.add_symbol``), so the kernels that read it
-are cached by numba like any other.
+host table a compiled op reads gets an entry in one process-wide int64 array, the registry:
+its storage's address, rows and width, a generation, its optimizer's update count, its
+checkpoint marks, and a queue of events for its key processor. The registry is allocated
+once and never moves; kernels reach it through the symbol :data:`SYMBOL` (bound to its
+address with ``llvm.add_symbol``), so the kernels that read it are cached by numba like any
+other.
 
 A graph names a table by its token (slot and generation, :attr:`TableEntry.token`): a token
 of a released table, or of another process, matches no entry and the op fails cleanly.
 
-The release queue: a gather op pushes each table's batch sequence number (its rows were read,
-``KeyProcessor.release``) with atomic operations, without any lock; the key processor takes
-them under its own lock (:meth:`TableEntry.take_released`). Should a queue ever fill (a
-graph gathering thousands of batches no key processing followed), the op records the newest
-sequence number it could not queue instead.
+The event queue: a gather pushes each table's batch sequence number (its rows were read,
+``KeyProcessor.release``), an update pushes :data:`DRAIN` (evicted rows its batch held may be
+reused, ``KeyProcessor.updated``), with atomic operations and no lock; the key processor
+takes them in order under its own lock (:meth:`TableEntry.take_events`). Should a queue ever
+fill (a graph gathering thousands of batches no key processing followed), the op records the
+newest sequence number (or the DRAIN) it could not queue instead.
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ MAX_TABLES = 1 << 14        # tables alive at once in a process
 QUEUE_SIZE = 1 << 12        # released batches a table's queue holds before overflow
 _QUEUE_MARGIN = 64          # slack for gathers pushing at once
 
-# Fields of an entry (one int64 row of the registry).
-STORAGE, ROWS, WIDTH, GENERATION, QUEUE, HEAD, TAIL, OVERFLOW = range(8)
-_FIELDS = 8
+# Fields of an entry (one int64 row of the registry): the rows; the release queue (its
+# address, head and tail counters, the newest release a full queue lost, whether it lost an
+# update's drain); the optimizer's update count (Adam's bias-correction step); the rows'
+# checkpoint marks (``KeyProcessor.dirty``: address and length).
+(STORAGE, ROWS, WIDTH, GENERATION, QUEUE, HEAD, TAIL, OVERFLOW, DRAIN_LOST, STEPS, MARKS,
+ MARKS_LEN) = range(12)
+_FIELDS = 16
+
+# Queue events, stored + 1 (0 marks a place not yet written): a batch released (its seq,
+# >= 0), or DRAIN, an update ran (quarantined rows no batch in flight needs may be freed).
+DRAIN = -1
 
 _REGISTRY = np.zeros((MAX_TABLES, _FIELDS), np.int64)
 llvm.add_symbol(SYMBOL, _REGISTRY.ctypes.data)
@@ -66,6 +76,13 @@ def _int64_pointer(typingctx, address):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
     return types.CPointer(types.int64)(address), codegen
+
+
+@intrinsic
+def _uint8_pointer(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return types.CPointer(types.uint8)(address), codegen
 
 
 @intrinsic
@@ -101,25 +118,58 @@ def entry_slot(token):
 
 
 @numba.njit(nogil=True, cache=True)
-def push_released(slot, seq):
-    """Queues batch ``seq`` as read (``seq`` >= 0) on entry ``slot``'s release queue; a
-    full queue records it in the entry's overflow field instead."""
-    entry_address = _registry_address() + slot * _FIELDS * 8
-    reg = registry()
-    if reg[slot, HEAD] - reg[slot, TAIL] >= QUEUE_SIZE - _QUEUE_MARGIN:
-        _atomic("max", entry_address + OVERFLOW * 8, seq)
-        return
-    at = _atomic("add", entry_address + HEAD * 8, 1)
-    # Stored as seq + 1: 0 marks a place not written yet.
-    _atomic("xchg", reg[slot, QUEUE] + (at % QUEUE_SIZE) * 8, seq + 1)
+def _field_address(slot, field):
+    return _registry_address() + (slot * _FIELDS + field) * 8
 
 
 @numba.njit(nogil=True, cache=True)
-def _take_released(slot, out):
-    """Moves the queued sequence numbers of entry ``slot`` into ``out`` (in queue order, up
-    to a place not yet written); returns (how many, the overflow field's seq or -1)."""
+def _push(slot, event):
+    """Queues ``event`` (a seq, or DRAIN) on entry ``slot``; False when the queue is full."""
     reg = registry()
-    entry_address = _registry_address() + slot * _FIELDS * 8
+    if reg[slot, HEAD] - reg[slot, TAIL] >= QUEUE_SIZE - _QUEUE_MARGIN:
+        return False
+    at = _atomic("add", _field_address(slot, HEAD), 1)
+    _atomic("xchg", reg[slot, QUEUE] + (at % QUEUE_SIZE) * 8, event + 2)
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
+def push_released(slot, seq):
+    """Queues batch ``seq`` (>= 0) as read on entry ``slot``; a full queue records it in
+    the entry's overflow field instead (the newest such seq)."""
+    if not _push(slot, seq):
+        _atomic("max", _field_address(slot, OVERFLOW), seq)
+
+
+@numba.njit(nogil=True, cache=True)
+def push_drain(slot):
+    """Queues, after what is queued, that an update of entry ``slot``'s rows ran."""
+    if not _push(slot, DRAIN):
+        _atomic("xchg", _field_address(slot, DRAIN_LOST), 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def count_step(slot):
+    """Counts one more update of entry ``slot``'s rows; returns its step (1-based)."""
+    return _atomic("add", _field_address(slot, STEPS), 1) + 1
+
+
+@numba.njit(nogil=True, cache=True)
+def marks(slot):
+    """Entry ``slot``'s checkpoint marks (a numpy bool per row, viewed as uint8: set to 1),
+    or an empty array if none."""
+    reg = registry()
+    if reg[slot, MARKS] == 0:
+        return np.zeros(0, np.uint8)
+    return numba.carray(_uint8_pointer(reg[slot, MARKS]), reg[slot, MARKS_LEN])
+
+
+@numba.njit(nogil=True, cache=True)
+def _take_events(slot, out):
+    """Moves the queued events of entry ``slot`` into ``out`` (in queue order, up to a place
+    not yet written); returns (how many, the newest seq a full queue lost or -1, whether it
+    lost a DRAIN)."""
+    reg = registry()
     head = reg[slot, HEAD]
     tail = reg[slot, TAIL]
     n = 0
@@ -127,12 +177,13 @@ def _take_released(slot, out):
         value = _atomic("xchg", reg[slot, QUEUE] + (tail % QUEUE_SIZE) * 8, 0)
         if value == 0:   # reserved by a push still writing: taken next time
             break
-        out[n] = value - 1
+        out[n] = value - 2
         n += 1
         tail += 1
-    _atomic("xchg", entry_address + TAIL * 8, tail)
-    overflow = _atomic("xchg", entry_address + OVERFLOW * 8, -1)
-    return n, overflow
+    _atomic("xchg", _field_address(slot, TAIL), tail)
+    overflow = _atomic("xchg", _field_address(slot, OVERFLOW), -1)
+    drain_lost = _atomic("xchg", _field_address(slot, DRAIN_LOST), 0)
+    return n, overflow, drain_lost != 0
 
 
 # -- Python side ----------------------------------------------------------------------------
@@ -161,6 +212,9 @@ class TableEntry:
         self.name = name
         self._queue = np.zeros(QUEUE_SIZE, np.int64)
         self._storage: np.ndarray | None = None
+        self._marks: np.ndarray | None = None
+        self._closed = False
+        self._closed_steps = 0
         self._taken = np.empty(QUEUE_SIZE, np.int64)
         entry = _REGISTRY[self.slot]
         entry[:] = 0
@@ -193,21 +247,59 @@ class TableEntry:
             entry[STORAGE] = storage.ctypes.data
         self._storage = storage
 
-    def take_released(self) -> tuple[np.ndarray, int]:
-        """The batches ops released since the last call: (int64 sequence numbers in release
-        order, the newest sequence number a full queue could not hold or -1). Call from one
-        thread at a time (the key processor's lock)."""
-        n, overflow = _take_released(self.slot, self._taken)
-        return self._taken[:n].copy(), int(overflow)
-
-    def has_released(self) -> bool:
-        """Whether :meth:`take_released` has anything to return (a cheap check)."""
+    def publish_marks(self, marks: np.ndarray | None) -> None:
+        """Points the entry at the rows' checkpoint marks (bool per row, C-contiguous), which
+        compiled updates set for the rows they change; the caller keeps ``marks`` alive and
+        in place while ops may write it."""
         entry = _REGISTRY[self.slot]
-        return bool(entry[HEAD] != entry[TAIL] or entry[OVERFLOW] >= 0)
+        if marks is None:
+            entry[MARKS] = entry[MARKS_LEN] = 0
+        else:
+            if marks.dtype != np.bool_ or marks.ndim != 1 or not marks.flags.c_contiguous:
+                raise ValueError(f"Table `{self.name}`: registered marks must be a "
+                                 f"C-contiguous bool vector; got {marks.dtype} {marks.shape}")
+            entry[MARKS_LEN] = marks.shape[0]
+            entry[MARKS] = marks.ctypes.data
+        self._marks = marks
+
+    def take_events(self) -> tuple[np.ndarray, int, bool]:
+        """What ops queued since the last call: (int64 events in queue order: a released
+        batch's seq, or :data:`DRAIN` for an update that ran; the newest seq a full queue
+        could not hold, or -1; whether it could not hold a DRAIN). Call from one thread at
+        a time (the key processor's lock)."""
+        n, overflow, drain_lost = _take_events(self.slot, self._taken)
+        return self._taken[:n].copy(), int(overflow), bool(drain_lost)
+
+    def has_events(self) -> bool:
+        """Whether :meth:`take_events` has anything to return (a cheap check)."""
+        entry = _REGISTRY[self.slot]
+        return bool(entry[HEAD] != entry[TAIL] or entry[OVERFLOW] >= 0 or entry[DRAIN_LOST])
+
+    @property
+    def steps(self) -> int:
+        """Updates compiled ops (or :meth:`count_step` callers) applied to the rows."""
+        return self._closed_steps if self._closed else int(_REGISTRY[self.slot, STEPS])
+
+    @steps.setter
+    def steps(self, steps: int) -> None:
+        if not self._closed:
+            _REGISTRY[self.slot, STEPS] = int(steps)
+        self._closed_steps = int(steps)
+
+    def count_step(self) -> int:
+        """Counts one more update (from Python); returns its step (1-based)."""
+        if self._closed:
+            raise RuntimeError(f"Table `{self.name}` was released; its rows take no update.")
+        return int(count_step(self.slot))
 
     def close(self) -> None:
-        """Frees the entry: its token no longer names anything."""
-        self._storage = None
+        """Frees the entry: its token no longer names anything (its step count stays
+        readable)."""
+        if self._closed:
+            return
+        self._closed_steps = self.steps
+        self._closed = True
+        self._storage = self._marks = None
         self._finalizer()
 
 

@@ -31,9 +31,11 @@ from numba import types
 from numba.core.extending import intrinsic
 
 TF_FLOAT = 1              # TF_DataType (tensorflow/c/tf_datatype.h)
+TF_INT64 = 9
 TF_OK = 0                 # TF_Code (tensorflow/c/tf_status.h)
 TF_INVALID_ARGUMENT = 3
 TF_FAILED_PRECONDITION = 9
+
 
 
 def _framework_library() -> ctypes.CDLL:
@@ -80,6 +82,7 @@ def _pointer_intrinsic(dtype):
 
 
 float32_pointer = _pointer_intrinsic(types.float32)
+float64_pointer = _pointer_intrinsic(types.float64)
 int32_pointer = _pointer_intrinsic(types.int32)
 int64_pointer = _pointer_intrinsic(types.int64)
 
@@ -154,6 +157,81 @@ def message_bytes(text: str) -> np.ndarray:
     """``text`` as a NUL-terminated uint8 array: a kernel passes its address
     (``array.ctypes.data``) to :data:`set_status` as the error message."""
     return np.frombuffer(text.encode() + b"\0", np.uint8)
+
+
+# -- helpers for kernels --------------------------------------------------------------------
+
+@numba.njit(nogil=True, cache=True)
+def input_handle(context, index, slot, status):
+    """The handle of input ``index`` (to be deleted with ``delete_tensor``), 0 if TF
+    refused."""
+    slot[0] = 0
+    get_input(context, index, slot.ctypes.data, status)
+    if status_code(status) != TF_OK:
+        return np.uint64(0)
+    return slot[0]
+
+
+@numba.njit(nogil=True, cache=True)
+def input_handles(context, n, slot, status):
+    """Handles of inputs ``[0, n)`` (0 where TF refused one) and whether all were taken;
+    free them with :func:`delete_handles`. ``slot``: a uint64 ``[1]`` scratch array."""
+    handles = np.zeros(n, np.uint64)
+    got = True
+    for k in range(n):
+        handles[k] = input_handle(context, k, slot, status)
+        got = got and handles[k] != 0
+    return handles, got
+
+
+@numba.njit(nogil=True, cache=True)
+def ranks_are(handles, ranks):
+    """Whether input ``k``'s rank is ``ranks[k]`` for every k of ``ranks``."""
+    for k in range(ranks.shape[0]):
+        if tensor_rank(handles[k]) != ranks[k]:
+            return False
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
+def delete_handles(handles):
+    """Deletes every taken handle (non-zero) of ``handles``."""
+    for k in range(handles.shape[0]):
+        if handles[k] != 0:
+            delete_tensor(handles[k])
+
+
+@numba.njit(nogil=True, cache=True)
+def int32_vector(handle):
+    """A 1-D int32 tensor's data, as an array view (valid while the handle lives)."""
+    return numba.carray(int32_pointer(tensor_data(handle)), tensor_dim(handle, 0))
+
+
+@numba.njit(nogil=True, cache=True)
+def int64_vector(handle):
+    """A 1-D int64 tensor's data, as an array view (valid while the handle lives)."""
+    return numba.carray(int64_pointer(tensor_data(handle)), tensor_dim(handle, 0))
+
+
+@numba.njit(nogil=True, cache=True)
+def int64_scalar(handle):
+    """An int64 scalar tensor's value."""
+    return numba.carray(int64_pointer(tensor_data(handle)), 1)[0]
+
+
+@numba.njit(nogil=True, cache=True)
+def fail(context, status, message):
+    """Fails the op with ``InvalidArgumentError`` and ``message`` (:func:`message_bytes`)."""
+    set_status(status, TF_INVALID_ARGUMENT, message.ctypes.data)
+    kernel_failure(context, status)
+
+
+@numba.njit(nogil=True, cache=True)
+def fail_with(context, status, code, message):
+    """Fails the op with TF error ``code`` and ``message`` (:func:`message_bytes`)."""
+    set_status(status, code, message.ctypes.data)
+    kernel_failure(context, status)
+
 
 
 _registered: set[str] = set()   # ops whose definition and kernel TF took

@@ -48,6 +48,9 @@ class SparseOptimizer:
         self.hparams = dict(hparams)
         self.name = self.hparams.pop("name")
         self._steps: dict[str, int] = {}
+        # Tables whose counter moved into their registry entry (a compiled update counts
+        # there, ops/optimizer_ops.py): table name -> TableEntry.
+        self._step_entries: dict = {}
         self._lock = threading.Lock()
         if not runtime:
             return
@@ -75,19 +78,36 @@ class SparseOptimizer:
 
     def steps(self, table_name: str) -> int:
         """Updates applied so far to ``table_name`` (Adam's bias-correction step)."""
-        return self._steps.get(table_name, 0)
+        entry = self._step_entries.get(table_name)
+        return entry.steps if entry is not None else self._steps.get(table_name, 0)
 
     def set_steps(self, table_name: str, steps: int) -> None:
         """Sets the update count of ``table_name`` (a checkpoint restore)."""
         with self._lock:
             self._steps[table_name] = int(steps)
+            entry = self._step_entries.get(table_name)
+            if entry is not None:
+                entry.steps = int(steps)
 
     def next_step(self, table_name: str) -> int:
         """Counts one more update of ``table_name``; returns its step (1-based)."""
         with self._lock:
-            step = self._steps.get(table_name, 0) + 1
+            entry = self._step_entries.get(table_name)
+            step = (entry.count_step() if entry is not None
+                    else self._steps.get(table_name, 0) + 1)
             self._steps[table_name] = step
         return step
+
+    def _registry_token(self, table) -> int:
+        """``table``'s registry token for a compiled update, its step counter moved into its
+        entry first (where the op counts)."""
+        token = table.registry_token()
+        with self._lock:
+            if table.table_name not in self._step_entries:
+                entry = table.rows.registry_entry()
+                entry.steps = self._steps.get(table.table_name, 0)
+                self._step_entries[table.table_name] = entry
+        return token
 
     def _step_tensor(self, table_name: str) -> tf.Tensor:
         """An int64 scalar op that counts one update of ``table_name`` (:meth:`next_step`)
@@ -181,20 +201,33 @@ class SparseOptimizer:
         with tf.name_scope(name or self.name):
             updates = []
             if pairs:
-                # One numpy function for every table: per-call overhead and the Python around
-                # 26 calls cost more than the update kernels (BENCHMARKS.md, end-to-end).
-                inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
                 # Rows a batch's own gather handed out are its unique keys' rows: distinct.
                 unique = all(is_batch_unique_rows(grad.indices) for grad, _ in pairs)
-                updates.append(tf.numpy_function(
-                    self._make_apply([table for _, table in pairs], unique), inputs, tf.int64,
-                    stateful=True, name="sparseflow_update"))
+                compiled = None
+                if unique and all(table.gathers_in_kernel for _, table in pairs):
+                    compiled = self._compiled_update(pairs)
+                if compiled is not None:
+                    updates.append(compiled)
+                else:
+                    # One numpy function for every table: per-call overhead and the Python
+                    # around 26 calls cost more than the update kernels (BENCHMARKS.md,
+                    # end-to-end).
+                    inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
+                    updates.append(tf.numpy_function(
+                        self._make_apply([table for _, table in pairs], unique), inputs,
+                        tf.int64, stateful=True, name="sparseflow_update"))
             if device_pairs:
                 updates.append(self._apply_device(device_pairs))
             if global_step is not None:
                 with tf.control_dependencies(updates):
                     return tf.compat.v1.assign_add(global_step, 1).op
             return tf.group(*updates)
+
+    def _compiled_update(self, pairs) -> tf.Tensor | None:
+        """The update of ``pairs`` ((IndexedSlices over a batch's unique rows, table) of
+        fixed-capacity host tables) as one compiled op (``ops/optimizer_ops.py``), or None
+        where the optimizer has none (the numpy function then runs its kernel)."""
+        return None
 
     # -- device tables ------------------------------------------------------------------
 

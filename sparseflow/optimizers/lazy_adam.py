@@ -28,6 +28,16 @@ class LazyAdam(SparseOptimizer):
         apply_lazy_adam(storage, rows, grads, learning_rate=h["learning_rate"],
                         beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"], step=step)
 
+    def _compiled_update(self, pairs):
+        from sparseflow.ops import optimizer_ops  # loads the op's kernel: only when used
+
+        h = self.hparams
+        return optimizer_ops.lazy_adam_tables(
+            [self._registry_token(table) for _, table in pairs],
+            [grad.indices for grad, _ in pairs], [grad.values for grad, _ in pairs],
+            learning_rate=h["learning_rate"], beta1=h["beta1"], beta2=h["beta2"],
+            epsilon=h["epsilon"], name="sparseflow_update")
+
     def _update_tables(self, storages, rows, grads, steps):
         h = self.hparams
         apply_lazy_adam_tables(storages, rows, grads, steps, learning_rate=h["learning_rate"],

@@ -21,6 +21,7 @@ import numpy as np
 from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.ops.hash_index import HashIndex
+from sparseflow.ops.table_registry import DRAIN
 from sparseflow.pipeline.read_ahead import BatchEffects, ReadAheadJournal, RolledBack
 
 
@@ -273,9 +274,10 @@ class KeyProcessor:
         # Releases the model's gather made while the lock was held (by the input pipeline's
         # thread, processing the next batch): applied by the next holder (_StateLock).
         self._released: collections.deque = collections.deque()
-        # Releases made by compiled gathers (ops/batch_ops.py), queued in the table's registry
-        # entry; applied like the deferred ones. (entry, whether to drain) once attached.
-        self._kernel_releases = None
+        # What compiled ops did (ops/batch_ops.py: batches released, updates run), queued in
+        # the table's registry entry; applied like the deferred releases. (entry, whether a
+        # release drains) once attached.
+        self._kernel_events = None
         self.lock = _StateLock(self)
         # In-flight tracking (on for a table that trains: the table turns it on): every call
         # gets a sequence number; the model's gather releases it. Rows freed by an eviction
@@ -453,35 +455,48 @@ class KeyProcessor:
         if drain:
             self._drain_quarantine()
 
-    def take_kernel_releases(self, entry, drain: Callable[[], bool]) -> None:
-        """Applies, from now on, the releases compiled gathers queue in ``entry`` (a
-        ``TableEntry``): at the next lock entry, as deferred releases; ``drain()`` says
-        whether each frees quarantined rows (as :meth:`release`'s ``drain``). Idempotent."""
+    def take_kernel_events(self, entry, drain: Callable[[], bool]) -> None:
+        """Applies, from now on, what compiled ops queue in ``entry`` (a ``TableEntry``), at
+        the next lock entry: released batches, as deferred releases (``drain()`` says whether
+        each frees quarantined rows, as :meth:`release`'s ``drain``), and updates, as
+        :meth:`updated` (the ops mark the rows themselves in :attr:`dirty`, which the entry
+        points at and which therefore changes only in place). Idempotent."""
         with self.lock:
-            self._kernel_releases = (entry, drain)
+            self._kernel_events = (entry, drain)
+            entry.publish_marks(self.dirty)
 
     def has_deferred_releases(self) -> bool:
-        """Whether releases wait to be applied (by the lock's next holder)."""
-        return bool(self._released) or (self._kernel_releases is not None
-                                         and self._kernel_releases[0].has_released())
+        """Whether releases or compiled ops' events wait to be applied (by the lock's next
+        holder)."""
+        return bool(self._released) or (self._kernel_events is not None
+                                         and self._kernel_events[0].has_events())
 
     def _apply_released(self) -> None:
-        """Applies the releases deferred while another thread held the lock and those
-        compiled gathers queued (the caller holds it)."""
+        """Applies the releases deferred while another thread held the lock and what
+        compiled ops queued (the caller holds it)."""
         while self._released:
             self._release(*self._released.popleft())
-        if self._kernel_releases is not None:
-            entry, drain = self._kernel_releases
-            seqs, newest_unqueued = entry.take_released()
-            if seqs.shape[0] or newest_unqueued >= 0:
-                drains = bool(drain())
-                for seq in seqs:
-                    self._release(int(seq), drains)
-                if newest_unqueued >= 0:
-                    # The queue was full: every batch up to that one counts as read (gathers
-                    # run in batch order but for a parallel map's reordering).
-                    for seq in sorted(s for s in self._outstanding if s <= newest_unqueued):
-                        self._release(seq, drains)
+        if self._kernel_events is None:
+            return
+        entry, drain = self._kernel_events
+        events, newest_unqueued, drain_unqueued = entry.take_events()
+        if not (events.shape[0] or newest_unqueued >= 0 or drain_unqueued):
+            return
+        drains = bool(drain())
+        # In queue order: a DRAIN frees rows only as far as the batches released before it
+        # allow (a batch released after it may still wait for its own update).
+        for event in events.tolist():
+            if event == DRAIN:
+                self._drain_quarantine()
+            else:
+                self._release(event, drains)
+        if newest_unqueued >= 0:
+            # The queue was full: every batch up to that one counts as read (gathers run in
+            # batch order but for a parallel map's reordering).
+            for seq in sorted(s for s in self._outstanding if s <= newest_unqueued):
+                self._release(seq, drains)
+        if drain_unqueued:
+            self._drain_quarantine()
 
     def drain(self) -> None:
         """Frees quarantined rows that no batch in flight still needs (after an update)."""
@@ -541,6 +556,15 @@ class KeyProcessor:
         dirty = np.zeros(size, np.bool_)
         dirty[:tracked] = self.dirty
         self.last_seen, self.dirty = last_seen, dirty
+        if self._kernel_events is not None:
+            self._kernel_events[0].publish_marks(dirty)
+
+    def take_marks(self) -> np.ndarray:
+        """The checkpoint marks so far (a copy), then none: a new window starts. In place:
+        compiled updates write the array. The caller holds :attr:`lock`."""
+        marks = self.dirty.copy()
+        self.dirty[:] = False
+        return marks
 
     def mark_saved(self) -> None:
         """Starts a new incremental-checkpoint window: nothing is dirty, no tombstones."""
@@ -550,8 +574,8 @@ class KeyProcessor:
     def reset_in_flight(self) -> None:
         """Forgets batches in flight and quarantined rows (a restore replaces every row)."""
         self._released.clear()
-        if self._kernel_releases is not None:
-            self._kernel_releases[0].take_released()
+        if self._kernel_events is not None:
+            self._kernel_events[0].take_events()
         self._outstanding.clear()
         self._quarantine.clear()
         self.journal.clear()

@@ -1,0 +1,180 @@
+"""Sparse optimizer updates as TensorFlow ops with compiled kernels (``ops/tf_capi.py``).
+
+``lazy_adam_tables``: one lazy Adam update of every table of a batch at its unique rows, the
+kernel of ``optimizer_kernels.apply_lazy_adam_tables``, run as a TensorFlow op instead of a
+``tf.numpy_function``: the step's update no longer enters Python or waits for the GIL. The
+tables are named by registry tokens (``ops/table_registry.py``); per table, the op counts
+the update's step in the registry, marks the rows for the next incremental checkpoint and
+queues a DRAIN for the key processor (evicted rows its batches held may be reused), as
+``SparseOptimizer.apply_at_tables`` does through ``SparseTable.after_update``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import tensorflow as tf
+from numba import types
+
+from sparseflow.ops import table_registry as registry
+from sparseflow.ops import tf_capi as capi
+from sparseflow.ops.batch_ops import rows_in_range
+from sparseflow.ops.key_kernels import mark_rows
+from sparseflow.ops.optimizer_kernels import adam_step_rate, adam_update
+
+LAZY_ADAM_TABLES = "SparseflowLazyAdamTables"
+
+_BAD_LAYOUT = capi.message_bytes(
+    "SparseflowLazyAdamTables: tables must be int64 [N], hparams float64 [4] (learning_rate, "
+    "beta1, beta2, epsilon), each table's rows int32 [U] and grads float32 [U, dim] with "
+    "its rows [w | m | v] 3 * dim wide")
+_UNKNOWN_TABLE = capi.message_bytes(
+    "SparseflowLazyAdamTables: a table token names no table alive in this process (the "
+    "table was released by terminate_config_initializer(), or the graph was built in "
+    "another process)")
+_BAD_ROW = capi.message_bytes(
+    "SparseflowLazyAdamTables: a row index is outside its table (-1, a key without a row, "
+    "is the only negative index allowed); nothing was updated")
+_KERNEL_ERROR = capi.message_bytes(
+    "SparseflowLazyAdamTables: the kernel raised (an allocation failed?)")
+
+
+@numba.njit(nogil=True, cache=True)
+def _float64_vector(handle):
+    return numba.carray(capi.float64_pointer(capi.tensor_data(handle)),
+                        capi.tensor_dim(handle, 0))
+
+
+@numba.njit(nogil=True, cache=True)
+def _update_tables(context, status, slot, tokens, hparams, n_tables):
+    if (capi.num_inputs(context) != 2 + 2 * n_tables or n_tables < 1
+            or tokens.shape[0] != n_tables or hparams.shape[0] != 4):
+        capi.fail(context, status, _BAD_LAYOUT)
+        return
+    reg = registry.registry()
+    slots = np.empty(n_tables, np.int64)
+    handles = np.zeros(2 * n_tables, np.uint64)
+    ok = True
+    # Every table is checked before any is updated: a refused op changes nothing.
+    for t in range(n_tables):
+        slots[t] = registry.entry_slot(tokens[t])
+        if slots[t] < 0:
+            capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
+            ok = False
+            break
+        rows_handle = capi.input_handle(context, 2 + t, slot, status)
+        handles[2 * t] = rows_handle
+        grads_handle = capi.input_handle(context, 2 + n_tables + t, slot, status)
+        handles[2 * t + 1] = grads_handle
+        if rows_handle == 0 or grads_handle == 0:
+            capi.kernel_failure(context, status)
+            ok = False
+            break
+        if (capi.tensor_rank(rows_handle) != 1 or capi.tensor_rank(grads_handle) != 2
+                or capi.tensor_dim(grads_handle, 0) != capi.tensor_dim(rows_handle, 0)
+                or 3 * capi.tensor_dim(grads_handle, 1) != reg[slots[t], registry.WIDTH]):
+            capi.fail(context, status, _BAD_LAYOUT)
+            ok = False
+            break
+        if not rows_in_range(capi.int32_vector(rows_handle), reg[slots[t], registry.ROWS]):
+            capi.fail(context, status, _BAD_ROW)
+            ok = False
+            break
+    if ok:
+        learning_rate = hparams[0]
+        b1 = np.float32(hparams[1])
+        b2 = np.float32(hparams[2])
+        eps = np.float32(hparams[3])
+        one = np.float32(1.0)
+        for t in range(n_tables):
+            rows = capi.int32_vector(handles[2 * t])
+            dim = capi.tensor_dim(handles[2 * t + 1], 1)
+            grads = numba.carray(capi.float32_pointer(capi.tensor_data(handles[2 * t + 1])),
+                                 (rows.shape[0], dim))
+            storage = numba.carray(capi.float32_pointer(reg[slots[t], registry.STORAGE]),
+                                   (reg[slots[t], registry.ROWS], reg[slots[t], registry.WIDTH]))
+            step = registry.count_step(slots[t])
+            adam_update(storage, rows, grads, adam_step_rate(learning_rate, b1, b2, step), b1,
+                        one - b1, b2, one - b2, eps)
+            marks = registry.marks(slots[t])
+            if rows_in_range(rows, marks.shape[0]):   # the marks cover every row
+                mark_rows(marks, rows)
+            registry.push_drain(slots[t])
+        dims = np.empty(0, np.int64)
+        result = capi.allocate_output(context, 0, capi.TF_INT64, dims.ctypes.data, 0, 8,
+                                      status)
+        if capi.status_code(status) != capi.TF_OK:
+            capi.kernel_failure(context, status)
+        else:
+            numba.carray(capi.int64_pointer(capi.tensor_data(result)), 1)[0] = n_tables
+            capi.delete_tensor(result)
+    capi.delete_handles(handles)
+
+
+_RANKS = np.array([1, 1], np.int32)
+
+
+@numba.njit(nogil=True, cache=True)
+def _update_body(context, status, slot, handles):
+    _update_tables(context, status, slot, capi.int64_vector(handles[0]),
+                   _float64_vector(handles[1]), capi.tensor_dim(handles[0], 0))
+
+
+@numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
+def _lazy_adam_tables_kernel(kernel, context):
+    # Inputs: tables int64 [N], hparams float64 [4], rows N x int32 [U], grads N x float32
+    # [U, dim].
+    status = capi.new_status()
+    slot = np.zeros(1, np.uint64)
+    handles, got = capi.input_handles(context, 2, slot, status)
+    if not got:
+        capi.kernel_failure(context, status)
+    elif not capi.ranks_are(handles, _RANKS):
+        capi.fail(context, status, _BAD_LAYOUT)
+    else:
+        # An exception must still fail the op and free the handles below: numba would
+        # print it and return with no output set. (The frame is written out in each
+        # kernel: passing the body as a function argument made numba refuse to cache it.)
+        try:
+            _update_body(context, status, slot, handles)
+        except Exception:  # noqa: BLE001
+            capi.fail(context, status, _KERNEL_ERROR)
+    capi.delete_handles(handles)
+    capi.delete_status(status)
+
+
+def _register() -> None:
+    capi.register_op(
+        LAZY_ADAM_TABLES,
+        inputs=["tables: int64", "hparams: float64", "rows: N * int32", "grads: N * float"],
+        outputs=["updated: int64"], attrs=["N: int >= 1"], compute=_lazy_adam_tables_kernel,
+        stateful=True)
+
+
+def lazy_adam_tables(tokens, rows: list, grads: list, *, learning_rate: float, beta1: float,
+                     beta2: float, epsilon: float, name: str | None = None) -> tf.Tensor:
+    """One lazy Adam update of every table at its rows, as one TensorFlow op.
+
+    Args:
+      tokens: int64 ``[N]``, each table's registry token (``TableEntry.token``); its rows
+        ``[w | m | v]``, ``3 * dim`` wide.
+      rows: N int32 tensors ``[U]``: each table's rows, distinct (a batch's unique rows: the
+        op does not check; a repeated row gets one update per occurrence), -1 skipped.
+      grads: N float32 tensors ``[U, dim]``, each row's summed gradient.
+      learning_rate, beta1, beta2, epsilon: as ``optimizer_kernels.apply_lazy_adam``.
+      name: the node's name in a graph.
+
+    Returns:
+      int64 scalar, the number of tables updated. Running it raises
+      ``tf.errors.FailedPreconditionError`` when a token names no table alive in this
+      process and ``tf.errors.InvalidArgumentError`` for a row outside its table or shapes
+      that do not fit; nothing is updated then.
+    """
+    _register()
+    hparams = np.array([learning_rate, np.float32(beta1), np.float32(beta2),
+                        np.float32(epsilon)], np.float64)
+    return capi.apply_op(
+        LAZY_ADAM_TABLES,
+        [tf.constant(np.asarray(tokens, np.int64)), tf.constant(hparams),
+         *[tf.cast(r, tf.int32) for r in rows], *[tf.cast(g, tf.float32) for g in grads]],
+        1, attrs={"N": len(rows)}, op_name=name)[0]
