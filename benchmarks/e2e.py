@@ -301,35 +301,163 @@ def _ops_total(cats) -> float:
     return sum(x for k, x in cats.items() if k not in OVERLAPPING)
 
 
-def _inside(prof):
-    """(d)'s numpy functions: per function, its node's ms per step, nodes per step, and the
-    wrapped calls inside it [(label, calls per step, ms per step, items, items2)]."""
-    from e2e_profile import (
-        DRAIN,
-        EXPAND,
-        GATHER_PY,
-        GRAD_PY,
-        RELEASE,
-        SUM,
-        UPDATE,
-        UPDATE_PY,
-    )
+def _inside(prof) -> list:
+    """(d)'s sparseflow nodes that ran, each kind apart, as dicts: ``cat`` (category),
+    ``fn`` (node name), ``kind`` (numpy function or compiled op), ``types`` (op types),
+    ``ms`` and ``nodes`` per step, ``inner``: the wrapped calls inside a numpy function
+    [(label, calls per step, ms per step, items, items2)], its kernel (``KERNEL_OF``) and the
+    bookkeeping that was called; none inside a compiled op (its node is its kernel)."""
+    from e2e_profile import BOOKKEEPING_OF, COMPILED_OP, KERNEL_OF, NODE_CATEGORIES, NUMPY_FUNCTION
 
     k = prof["kernels"]
-    cats, nodes = prof["d_cats"], prof["d_nodes"]
+    cats, nodes, types = prof["d_cats"], prof["d_nodes"], prof.get("d_op_types", {})
     out = []
-    for cat, fn, inner in ((GATHER_PY, "sparseflow_gather", (EXPAND, RELEASE)),
-                           (GRAD_PY, "sparseflow_gather_grad", (SUM,)),
-                           (UPDATE_PY, "sparseflow_update", (UPDATE, DRAIN))):
-        out.append((fn, cats.get(cat, 0.0), nodes.get(cat, 0.0),
-                    [(lab, k[lab]["calls"], k[lab]["ms"], k[lab]["items"], k[lab]["items2"])
-                     for lab in inner]))
+    for fn, (as_numpy, as_op) in NODE_CATEGORIES.items():
+        for cat, kind in ((as_numpy, NUMPY_FUNCTION), (as_op, COMPILED_OP)):
+            if not nodes.get(cat):
+                continue
+            inner = []
+            if kind == NUMPY_FUNCTION:
+                labels = [lab for lab in (KERNEL_OF[fn],) if lab is not None]
+                labels += [lab for lab in BOOKKEEPING_OF[fn] if k[lab]["calls"]]
+                inner = [(lab, k[lab]["calls"], k[lab]["ms"], k[lab]["items"],
+                          k[lab]["items2"]) for lab in labels]
+            out.append({"cat": cat, "fn": fn, "kind": kind, "types": types.get(cat, []),
+                        "ms": cats.get(cat, 0.0), "nodes": nodes[cat], "inner": inner})
     return out
 
 
+def _not_in_a_node(prof, inside) -> tuple[list, list]:
+    """The bookkeeping calls (``BOOKKEEPING_OF``) that ran outside a numpy function of their
+    node [(label, calls per step, ms per step)], and those a compiled node left uncalled
+    [label]."""
+    from e2e_profile import BOOKKEEPING_OF, COMPILED_OP, NUMPY_FUNCTION
+
+    k = prof["kernels"]
+    kinds = {(e["fn"], e["kind"]) for e in inside}
+    stray, uncalled = [], []
+    for fn, labels in BOOKKEEPING_OF.items():
+        for lab in labels:
+            if k[lab]["calls"] and (fn, NUMPY_FUNCTION) not in kinds:
+                stray.append((lab, k[lab]["calls"], k[lab]["ms"]))
+            elif not k[lab]["calls"] and (fn, COMPILED_OP) in kinds:
+                uncalled.append(lab)
+    return stray, uncalled
+
+
+def _node_rows(fn, unique, keys) -> str:
+    """What sparseflow node ``fn``'s kernel reads and writes per step."""
+    from e2e_profile import GATHER_FN, GRAD_FN
+
+    if fn == GATHER_FN:
+        return f"{unique:,.0f} unique rows -> {keys:,.0f} keys"
+    if fn == GRAD_FN:
+        return f"{keys:,.0f} keys -> {unique:,.0f} unique rows"
+    return f"{unique:,.0f} unique rows"
+
+
+# Per sparseflow node, as a numpy function: its wrapped kernel as the report names it
+# (``KERNEL_OF``), and the per-table Python around the kernels.
+_KERNEL_NAMES = {"sparseflow_gather": "`expand_tables`", "sparseflow_update": "`_update_tables`"}
+_PYTHON_AROUND = {"sparseflow_gather": "`gather_all` (`sparseflow/lookup.py`)",
+                  "sparseflow_gather_grad": "the gradient's numpy function",
+                  "sparseflow_update": "`apply` (`sparseflow/optimizers/base.py`)"}
+
+
+def _kernel_where(inside, fn) -> str:
+    """Which kernel did node ``fn``'s work: a compiled op's (its node) or the wrapped call
+    inside its numpy function; both where the node ran as both."""
+    from e2e_profile import COMPILED_OP, KERNEL_OF
+
+    parts = []
+    for e in inside:
+        if e["fn"] != fn:
+            continue
+        if e["kind"] == COMPILED_OP:
+            types = ", ".join(f"`{t}`" for t in e["types"])
+            parts.append(f"compiled op {types}: its node" if types else "compiled op: its node")
+        elif KERNEL_OF[fn] is not None:
+            parts.append(f"{_KERNEL_NAMES.get(fn, KERNEL_OF[fn])} in its numpy function")
+        else:
+            parts.append("not timed apart in its numpy function")
+    return " + ".join(parts) or "did not run"
+
+
+def _inside_intro(inside, n_tables) -> str:
+    """The sentence before the table of what is inside (d)'s sparseflow nodes: what a node's
+    time is, for the kinds that ran."""
+    from e2e_profile import COMPILED_OP, NUMPY_FUNCTION
+
+    kinds = {e["kind"] for e in inside}
+    text = "Inside (d)'s sparseflow nodes, in the same traced steps (ms per step)."
+    if COMPILED_OP in kinds:
+        text += (" A compiled op runs no Python: its node is its kernel, over the batch's keys "
+                 "and unique rows (as the tables' `KeyProcessor.process_unique` counted them, "
+                 f"{n_tables} tables).")
+    if NUMPY_FUNCTION in kinds:
+        text += (" A numpy function's node holds the calls timed below it; the rest of the "
+                 "node is its numpy_function call, argument conversion, the Python around the "
+                 "calls and any wait for the GIL.")
+    return text
+
+
+# Why a compiled node leaves a bookkeeping call uncalled, where the report knows it.
+_WHY_UNCALLED = {"KeyProcessor.release": (
+    "the compiled gather queues the tables' releases; each key processor applies them the "
+    "next time it takes its lock, e.g. in `process_unique` in the tf.data thread")}
+
+
+def _inside_table(prof) -> list:
+    """The lines of the table of what is inside (d)'s sparseflow nodes, with its intro and,
+    after it, the bookkeeping calls that a compiled node left uncalled."""
+    from e2e_profile import COMPILED_OP, EXPAND, GATHER_FN, HOST_GATHER, UPDATE
+
+    inside = _inside(prof)
+    lines = ["", _inside_intro(inside, prof["n_tables"]), "",
+             "| node / inside it | nodes or calls per step | rows per step | ms per step |",
+             "|---|---:|---|---:|"]
+    kinds_of = {}
+    for e in inside:
+        kinds_of.setdefault(e["fn"], set()).add(e["kind"])
+    for e in inside:
+        types = ", ".join(f"`{t}`" for t in e["types"])
+        name = f"`{e['fn']}` {e['kind']}" + (f" ({types})" if types else "")
+        if e["kind"] == COMPILED_OP:
+            # Its node is its kernel; the batch's rows, unless the node also ran as a numpy
+            # function (some tables each way: the counts are of every table).
+            nk = prof["node_kernels"][e["fn"]]
+            rows = (_node_rows(e["fn"], nk["unique"], nk["keys"])
+                    if kinds_of[e["fn"]] == {COMPILED_OP} else "")
+            lines.append(f"| {name}, its kernel | {e['nodes']:g} | {rows} | {e['ms']:.2f} |")
+            continue
+        lines.append(f"| {name} | {e['nodes']:g} | | {e['ms']:.2f} |")
+        for lab, calls, ms, items, items2 in e["inner"]:
+            rows = ""
+            if lab == EXPAND:
+                rows = _node_rows(GATHER_FN, items, items2)
+            elif lab == UPDATE:
+                rows = f"{items:,.0f} unique rows"
+            name = "lazy Adam kernel, every table (optimizer `_update_tables`)" if lab == UPDATE \
+                else f"`{lab}`"
+            lines.append(f"| &nbsp;&nbsp;{name} | {calls:g} | {rows} | {ms:.2f} |")
+        rest = e["ms"] - sum(ms for _, _, ms, _, _ in e["inner"])
+        lines.append(f"| &nbsp;&nbsp;rest of the node | | | {rest:.2f} |")
+    stray, uncalled = _not_in_a_node(prof, inside)
+    for lab, calls, ms in stray:
+        lines.append(f"| `{lab}` (outside a numpy function) | {calls:g} | | {ms:.2f} |")
+    hg = prof["kernels"][HOST_GATHER]
+    if hg["calls"]:
+        lines.append(f"| `HostRows.gather` (the per-table path; unexpected here) | "
+                     f"{hg['calls']:g} | {hg['items']:,.0f} rows | {hg['ms']:.2f} |")
+    if uncalled:
+        lines += ["", "Not called in the traced steps: " + ", ".join(
+            f"`{lab}`" + (f" ({_WHY_UNCALLED[lab]})" if lab in _WHY_UNCALLED else "")
+            for lab in uncalled) + "."]
+    return lines
+
+
 def render_profile(prof) -> str:
-    from e2e_profile import (CATEGORIES, DEDUP, EXPAND, HOST_GATHER, NUMPY_FUNCTIONS, PROCESS, SUM,
-                             UPDATE)
+    from e2e_profile import CATEGORIES, DEDUP, PROCESS, SPARSEFLOW_NODES
 
     cats = {v: prof[f"{v}_cats"] for v in ("a", "c", "d")}
     nodes = {v: prof[f"{v}_nodes"] for v in ("a", "c", "d")}
@@ -345,7 +473,7 @@ def render_profile(prof) -> str:
         if max(a, cc, d) < 0.005:
             continue
         label = c
-        if c in NUMPY_FUNCTIONS:
+        if c in SPARSEFLOW_NODES:
             label += f" ({nodes['d'].get(c, 0):g} per step in (d))"
         lines.append(f"| {label} | {_fmt(a)} | {_fmt(cc)} | {_fmt(d)} | {_signed(d - a)} | "
                      f"{_signed(d - cc)} |")
@@ -356,35 +484,7 @@ def render_profile(prof) -> str:
                  f"| {prof['d_traced_ms']:.1f} | "
                  f"{prof['d_traced_ms'] - prof['a_traced_ms']:+.1f} | "
                  f"{prof['d_traced_ms'] - prof['c_traced_ms']:+.1f} |")
-    lines += [
-        "",
-        ("Inside (d)'s numpy functions and its compiled gradient op (same traced steps; ms per "
-         "step; the gradient op's node is its kernel; the rest of a numpy function's node is "
-         "its numpy_function call, argument conversion, the Python around the calls and any "
-         "wait for the GIL):"),
-        "",
-        "| node / inside it | calls per step | rows per step | ms per step |",
-        "|---|---:|---|---:|",
-    ]
-    for fn, node_ms, n_nodes, inner in _inside(prof):
-        lines.append(f"| `{fn}` node | {n_nodes:g} | | {node_ms:.2f} |")
-        for lab, calls, ms, items, items2 in inner:
-            rows = ""
-            if lab == EXPAND:
-                rows = f"{items:,.0f} unique rows -> {items2:,.0f} keys"
-            elif lab == SUM:
-                rows = f"{items2:,.0f} keys -> {items:,.0f} unique rows"
-            elif lab == UPDATE:
-                rows = f"{items:,.0f} unique rows"
-            name = "lazy Adam kernel, every table (optimizer `_update_tables`)" if lab == UPDATE \
-                else f"`{lab}`"
-            lines.append(f"| &nbsp;&nbsp;{name} | {calls:g} | {rows} | {ms:.2f} |")
-        rest = node_ms - sum(ms for _, _, ms, _, _ in inner)
-        lines.append(f"| &nbsp;&nbsp;rest of the node | | | {rest:.2f} |")
-    hg = prof["kernels"][HOST_GATHER]
-    if hg["calls"]:
-        lines.append(f"| `HostRows.gather` (the per-table path; unexpected here) | "
-                     f"{hg['calls']:g} | {hg['items']:,.0f} rows | {hg['ms']:.2f} |")
+    lines += _inside_table(prof)
     kp = prof["kernels"][PROCESS]
     dd = prof["kernels"][DEDUP]
     src_w, src_c = prof["source_ms"], prof["source_cpu_ms"]
@@ -405,8 +505,8 @@ def render_profile(prof) -> str:
         "",
         (f"During (d)'s traced steps the batch's one dedup call (`dedup_batch`) took "
          f"{dd['ms']:.2f} ms per batch and the tables' `KeyProcessor.process_unique` "
-         f"{kp['ms']:.2f} ms ({kp['calls']:g} calls, {kp['items']:,.0f} keys), wall time in "
-         "the tf.data thread."),
+         f"{kp['ms']:.2f} ms ({kp['calls']:g} calls, {kp['items']:,.0f} keys, "
+         f"{kp['items2']:,.0f} unique rows), wall time in the tf.data thread."),
         "",
         "Untraced steps, interleaved in the same rounds (ms per step, median over rounds):",
         "",
@@ -444,29 +544,75 @@ def _top(prof, *cats) -> str:
                      for name, k, ms in tops[:3] if ms >= 0.005)
 
 
+def _ns(ms, n) -> str:
+    """``ms`` per step over ``n`` items per step, in ns each."""
+    return f"{ms * 1e6 / n:.0f} ns" if n else "n/a"
+
+
+def _numpy_overhead(inside) -> float:
+    """ms per step of (d)'s numpy function nodes beyond the calls timed inside them (a
+    compiled op's node is all kernel: none)."""
+    from e2e_profile import NUMPY_FUNCTION
+
+    return sum(e["ms"] - sum(ms for _, _, ms, _, _ in e["inner"])
+               for e in inside if e["kind"] == NUMPY_FUNCTION)
+
+
+def _nodes_finding(prof, inside) -> str:
+    """The findings' line on (d)'s sparseflow nodes: their time, their kernels' (a compiled
+    op's node, or the call timed inside a numpy function), the bookkeeping inside numpy
+    functions and, where any ran, the numpy functions' own overhead."""
+    from e2e_profile import BOOKKEEPING_OF, GATHER_FN, GRAD_FN, NUMPY_FUNCTION, UPDATE_FN
+
+    nk, n_tables = prof["node_kernels"], prof["n_tables"]
+    g, s, u = (nk[fn] for fn in (GATHER_FN, GRAD_FN, UPDATE_FN))
+    numpy_fns = [e for e in inside if e["kind"] == NUMPY_FUNCTION]
+    bookkeeping = {lab for labels in BOOKKEEPING_OF.values() for lab in labels}
+    books = [(lab, ms) for e in numpy_fns for lab, _, ms, _, _ in e["inner"]
+             if lab in bookkeeping]
+    names = ", ".join(f"{e['nodes']:g} x `{e['fn']}` {e['kind']}" for e in inside)
+    parts = " + ".join(f"{e['ms']:.2f}" for e in inside)
+    line = (
+        f"  - sparseflow's nodes ({names or 'none'}): {sum(e['ms'] for e in inside):.2f} ms "
+        f"({parts or '0'}). Their kernels take {g['ms'] + s['ms'] + u['ms']:.2f} ms: the "
+        f"gather {g['ms']:.2f} ({_kernel_where(inside, GATHER_FN)}; {g['unique']:,.0f} unique "
+        f"rows read, {g['keys']:,.0f} keys written; {_ns(g['ms'], g['keys'])} per key), the "
+        f"gradient's sum {s['ms']:.2f} ({_kernel_where(inside, GRAD_FN)}; "
+        f"{_ns(s['ms'], s['keys'])} per key), the lazy Adam update {u['ms']:.2f} "
+        f"({_kernel_where(inside, UPDATE_FN)}; {_ns(u['ms'], u['unique'])} per unique row)")
+    if books:
+        line += (f"; the tables' {' and '.join(f'`{lab}`' for lab, _ in books)} "
+                 f"{sum(ms for _, ms in books):.2f} ms")
+    if not numpy_fns:
+        return line + ". No numpy function runs in the step: each node's time is its kernel's."
+    overhead = _numpy_overhead(inside)
+    return line + (
+        f". The other {overhead:.2f} ms of the numpy function nodes is numpy_function call "
+        "and argument conversion, the Python around the calls and any wait for the GIL (not "
+        f"measured apart), {overhead * 1e3 / n_tables:.0f} us per table per step.")
+
+
 def render_findings(prof, summary, cap) -> str:
     """Where (d)'s extra time over (a) goes, with this run's numbers only."""
     from e2e_profile import (
         DEDUP,
         DENSE_ADAM,
-        DRAIN,
-        EXPAND,
+        GATHER_FN,
+        GRAD_FN,
         INPUT,
         LOOKUP_BWD,
         LOOKUP_FWD,
         MODEL_BWD,
         MODEL_FWD,
-        NUMPY_FUNCTIONS,
+        NUMPY_FUNCTION,
         PROCESS,
-        RELEASE,
         SPARSE_OTHER,
-        SUM,
         TRIANGLE,
-        UPDATE,
+        UPDATE_FN,
     )
 
     a_c, c_c, d_c = prof["a_cats"], prof["c_cats"], prof["d_cats"]
-    k = prof["kernels"]
+    k, nk = prof["kernels"], prof["node_kernels"]
     n_tables, cpus = prof["n_tables"], prof.get("cpus", os.cpu_count())
     a, d, pre, par = prof["a_ms"], prof["d_ms"], prof["d_prefilled_ms"], prof["d_parallel_ms"]
     gap, contention, rest = d - a, d - pre, pre - a
@@ -474,11 +620,14 @@ def render_findings(prof, summary, cap) -> str:
     key_cpu_par = prof["pipeline_parallel_cpu_ms"] - prof["source_cpu_ms"]
     key_wall = prof["pipeline_ms"] - prof["source_ms"]
     kp = k[PROCESS]["ms"] + k[DEDUP]["ms"]
-    py_nodes = sum(d_c.get(c, 0.0) for c in NUMPY_FUNCTIONS)
-    n_py = sum(prof["d_nodes"].get(c, 0.0) for c in NUMPY_FUNCTIONS)
-    kern = k[EXPAND]["ms"] + k[SUM]["ms"] + k[UPDATE]["ms"]
-    locks = k[RELEASE]["ms"] + k[DRAIN]["ms"]
-    overhead = py_nodes - kern - locks
+    inside = _inside(prof)
+    numpy_fns = [e for e in inside if e["kind"] == NUMPY_FUNCTION]
+    n_py = sum(e["nodes"] for e in numpy_fns)
+    py_names = ", ".join(f"`{e['fn']}`" for e in numpy_fns)
+    plural = "" if n_py == 1 else "s"
+    overhead = _numpy_overhead(inside)
+    g, gs, u = (nk[fn] for fn in (GATHER_FN, GRAD_FN, UPDATE_FN))
+    kern = g["ms"] + gs["ms"] + u["ms"]
     lf, lb = d_c.get(LOOKUP_FWD, 0.0), d_c.get(LOOKUP_BWD, 0.0)
     dm, cm = prof["d_model"], prof["c_model"]
     # The model's ops (a) also runs: the same work; and those only (d) runs (the part of the
@@ -486,14 +635,6 @@ def render_findings(prof, summary, cap) -> str:
     slower = dm["shared_ms"] - dm["shared_a_ms"]
     wait_diff = d_c.get(INPUT, 0.0) - a_c.get(INPUT, 0.0)
     ops_diff = _ops_total(d_c) - _ops_total(a_c)
-    uniq, keys = k[EXPAND]["items"], k[EXPAND]["items2"]
-
-    def ns(ms, n):
-        return f"{ms * 1e6 / n:.0f} ns" if n else "n/a"
-
-    fn_parts = " + ".join(f"{d_c.get(c, 0.0):.2f}" for c in NUMPY_FUNCTIONS)
-    fn_names = ", ".join(f"{prof['d_nodes'].get(c, 0):g} x {c.split('`')[1]}"
-                         for c in NUMPY_FUNCTIONS)
     par_change = (par - d) / d
     per = summary["per"]
     main_par = ""
@@ -527,16 +668,7 @@ def render_findings(prof, summary, cap) -> str:
          f"parallel map {_pct(prof.get('d_parallel_wait'))}."),
         (f"- **The rest, input processed ahead: {rest:+.1f} ms/step** over (a). In op time "
          "per traced step, (d) against (a):"),
-        (f"  - sparseflow's numpy functions and gradient op ({fn_names}): {py_nodes:.2f} ms "
-         f"({fn_parts}). The "
-         f"kernels inside take {kern:.2f} ms: `expand_tables` {k[EXPAND]['ms']:.2f} "
-         f"({uniq:,.0f} unique rows read, {keys:,.0f} keys written; {ns(k[EXPAND]['ms'], keys)} "
-         f"per key), the gradient op's sum {k[SUM]['ms']:.2f} ({ns(k[SUM]['ms'], keys)} per key), "
-         f"the lazy Adam kernel {k[UPDATE]['ms']:.2f} ({ns(k[UPDATE]['ms'], k[UPDATE]['items'])}"
-         f" per unique row); the tables' `release`/`updated` {locks:.2f} ms. The other "
-         f"{overhead:.2f} ms of the nodes is numpy_function call and argument conversion, the "
-         "Python around the calls and any wait for the GIL (not measured apart), "
-         f"{overhead * 1e3 / n_tables:.0f} us per table per step."),
+        _nodes_finding(prof, inside),
         (f"  - other lookup ops: {lf:.2f} ms forward, {lb:.2f} ms backward; largest: "
          f"{_top(prof, LOOKUP_FWD, LOOKUP_BWD) or 'none'}."),
         (f"  - the embeddings' share of the dense backward: of the model's ops (fwd + loss, "
@@ -568,20 +700,21 @@ def render_findings(prof, summary, cap) -> str:
          f"({100 * par_change:+.0f}%{main_par}) and makes admission order follow processing "
          "order.")),
         (overhead, "op time", (
-         f"numpy_function overhead: the {n_py - 1:g} sparseflow numpy function nodes per step "
-         f"spend {overhead:.2f} ms beyond the timed calls inside them "
-         f"({overhead * 1e3 / n_tables:.0f} us per table): the numpy_function call and "
+         f"numpy_function overhead: {overhead:.2f} ms beyond the timed calls inside the "
+         f"sparseflow numpy function{plural} ({py_names}; {n_py:g} node{plural} per step), "
+         f"{overhead * 1e3 / n_tables:.0f} us per table: the numpy_function call and "
          "argument conversion, any wait for the GIL, and the per-table Python of "
-         "`gather_all` (`sparseflow/lookup.py`) and `apply` "
-         "(`sparseflow/optimizers/base.py`), not measured apart.")),
+         f"{' and '.join(_PYTHON_AROUND[e['fn']] for e in numpy_fns)}, not measured apart.")),
         (kern, "op time", (
-         f"the kernels: {kern:.2f} ms (`expand_tables` {k[EXPAND]['ms']:.2f}, the gradient op "
-         f"{k[SUM]['ms']:.2f}, lazy Adam {k[UPDATE]['ms']:.2f}), the sparse work itself: "
-         f"{ns(k[EXPAND]['ms'], keys)} per key to gather and expand, "
-         f"{ns(k[SUM]['ms'], keys)} per key to sum, "
-         f"{ns(k[UPDATE]['ms'], k[UPDATE]['items'])} per unique row to update.")),
+         f"the kernels: {kern:.2f} ms (the gather {g['ms']:.2f}, "
+         f"{_kernel_where(inside, GATHER_FN)}; the gradient's sum {gs['ms']:.2f}, "
+         f"{_kernel_where(inside, GRAD_FN)}; lazy Adam {u['ms']:.2f}, "
+         f"{_kernel_where(inside, UPDATE_FN)}), the sparse work itself: "
+         f"{_ns(g['ms'], g['keys'])} per key to gather and expand, "
+         f"{_ns(gs['ms'], gs['keys'])} per key to sum, "
+         f"{_ns(u['ms'], u['unique'])} per unique row to update.")),
         (lf + lb, "op time", (
-         f"TF ops around the numpy functions (splitting the gather's outputs per feature, "
+         f"TF ops around sparseflow's nodes (splitting the gather's outputs per feature, "
          f"joining their gradients): {lf + lb:.2f} ms (largest: "
          f"{_top(prof, LOOKUP_FWD, LOOKUP_BWD) or 'none'}).")),
         (slower, "op time", (
@@ -755,13 +888,17 @@ PROFILE_METHOD = """
 Per-op times come from (a), (c) and (d) runs with every step traced (FULL_TRACE), each node's
 wall time (`all_end_rel_micros`) summed per category and averaged per step; TF runs ops
 concurrently on the cores, so categories overlap and sum to more than the step. sparseflow's
-numpy functions are found by name under their name scopes (`lookup/sparseflow_gather`,
-`gradients/.../sparseflow_gather_grad`, `sparse_adam/sparseflow_update`). In the traced (d)
-run the calls inside them are timed by wrappers installed in this process only (nothing in
-sparseflow/ is changed): `expand_tables` as `sparseflow.lookup` calls it (its `bk` module
-name; the gradient's sum is the compiled op `SparseflowSumTables`, whose node is its kernel),
-the optimizer's `_update_tables` (the lazy Adam kernel over every
-table), the tables' `KeyProcessor.release`, `updated` and `process`. The input pipeline alone runs (d)'s graph
+nodes are found by name under their name scopes (`lookup/sparseflow_gather`,
+`gradients/.../sparseflow_gather_grad`, `sparse_adam/sparseflow_update`), and each is a numpy
+function or a compiled op by its op type in the graph the run built (`PyFunc`,
+`PyFuncStateless`, `EagerPyFunc`: a numpy function; any other: a compiled op). A compiled op
+runs no Python: its node is its kernel, over the batch's keys and unique rows as the tables'
+`KeyProcessor.process_unique` counted them. In a numpy function, the traced (d) run times the
+calls inside with wrappers installed in this process only (nothing in sparseflow/ is
+changed): `expand_tables` as `sparseflow.lookup` calls it (its `bk` module name), the
+optimizer's `_update_tables` (the lazy Adam kernel over every table), the tables'
+`KeyProcessor.release` and `updated`; the batch's `dedup_batch` and the tables'
+`process_unique` are timed in the tf.data thread. The input pipeline alone runs (d)'s graph
 fetching only `IteratorGetNext`, against (a)'s graph (the source alone), with wall and process
 CPU time per batch. "Input processed ahead" runs (d) on a finite stream with a prefetch
 buffer as long as the timed window and waits, after the warm-up, until the process is idle,

@@ -6,18 +6,21 @@ Measurements, all in one process, interleaved over rounds (medians over rounds):
 1. Per-op times: (a), (c) and (d) with every step traced (``RunOptions.FULL_TRACE``); each
    node's wall time (``all_end_rel_micros``) summed per category (by node name, see
    ``category``) and averaged per step. TF runs ops concurrently on the machine's cores, so
-   categories can add up to more than the step's wall time.
-2. Inside (d)'s numpy functions, during the same traced steps: the kernels that
-   ``sparseflow.lookup`` calls through its ``bk`` module (``expand_tables`` in the gather,
-   one call per step; the gradient's sum is a compiled op, ``SparseflowSumTables``, whose
-   node time is its kernel's), the sparse optimizer's
-   ``_update_tables`` (the lazy Adam kernel over every table) and the tables'
-   the batch's ``dedup_batch``, ``KeyProcessor.process_unique`` / ``release`` / ``updated`` are wrapped
-   with timers, in this process only and only for that run (nothing in sparseflow/ is
-   changed): what a numpy function's node costs beyond its kernels is the numpy_function
-   call, argument conversion, the Python around the kernels and any wait for the GIL or a
-   table lock. ``HostRows.gather`` (the per-table path) is wrapped too, to check that this
-   path does not use it.
+   categories can add up to more than the step's wall time. sparseflow's nodes
+   (``sparseflow_gather``, ``sparseflow_gather_grad``, ``sparseflow_update``) are each a
+   numpy function or a compiled op: the graph the run built says which (its op type, see
+   ``node_kind``), so each has a category per kind.
+2. Inside (d)'s sparseflow nodes, during the same traced steps. A compiled op runs no
+   Python: its node's time is its kernel's, over the batch's keys and unique rows (counted
+   in ``KeyProcessor.process_unique``, every table). A numpy function's kernel is a Python
+   call, timed by a wrapper: the gather's ``expand_tables`` (as ``sparseflow.lookup`` calls
+   it through its ``bk`` module), the sparse optimizer's ``_update_tables`` (the lazy Adam
+   kernel over every table); so are the tables' ``KeyProcessor.release`` / ``updated``, the
+   batch's ``dedup_batch`` and ``KeyProcessor.process_unique``; in this process only and
+   only for that run (nothing in sparseflow/ is changed). What a numpy function's node costs
+   beyond the calls inside it is the numpy_function call, argument conversion, the Python
+   around the calls and any wait for the GIL or a table lock. ``HostRows.gather`` (the
+   per-table path) is wrapped too, to check that this path does not use it.
 3. The input pipeline alone: (d)'s graph with only ``IteratorGetNext`` fetched (key
    processing, no training), sequential and with a parallel map, against the source alone
    ((a)'s graph, same fetch): wall time and process CPU time per batch.
@@ -85,11 +88,10 @@ def _timed(fn, timers, label, count=None):
 
 
 # Labels of the wrapped functions.
-EXPAND = "bk.expand_tables"        # in sparseflow_gather: one call per step and dim
-SUM = "SparseflowSumTables"        # sparseflow_gather_grad: a compiled op, one per step and dim
-UPDATE = "optimizer _update_tables"  # in sparseflow_update: the lazy Adam kernel, all tables
-RELEASE = "KeyProcessor.release"   # in sparseflow_gather
-DRAIN = "KeyProcessor.updated"     # in sparseflow_update: marks, frees evicted rows
+EXPAND = "bk.expand_tables"        # a numpy sparseflow_gather's kernel: one call per step and dim
+UPDATE = "optimizer _update_tables"  # a numpy sparseflow_update's: lazy Adam, all tables
+RELEASE = "KeyProcessor.release"   # in a numpy sparseflow_gather
+DRAIN = "KeyProcessor.updated"     # in a numpy sparseflow_update: marks, frees evicted rows
 PROCESS = "KeyProcessor.process_unique"   # in the tf.data thread (sparseflow_keys)
 DEDUP = "dedup_batch"              # the batch's one dedup, before the tables' process_unique
 HOST_GATHER = "HostRows.gather"    # the per-table path; expected unused here
@@ -116,12 +118,33 @@ class _KernelProxy:
         return getattr(self._module, name)
 
 
+def graph_op_types(graph=None) -> dict:
+    """{node name: op type} of ``graph`` (default: the default graph)."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    return {op.name: op.type for op in graph.get_operations()}
+
+
+def recording_op_types(builder):
+    """``builder`` that records the op types of the graph it builds in, as ``.op_types``
+    (``graph_op_types``): a traced step names its nodes, the graph says what they are."""
+
+    def build(data, cap, **kw):
+        built = builder(data, cap, **kw)
+        build.op_types = graph_op_types()
+        return built
+
+    build.op_types = {}
+    return build
+
+
 def instrumented_sparseflow(timers):
-    """A (d) builder whose kernels report to ``timers``; ``restore()`` undoes the patches."""
+    """A (d) builder whose kernels report to ``timers``; ``restore()`` undoes the patches.
+    Like ``recording_op_types``'s, it records its graph's op types as ``.op_types``."""
     patched = []
 
     def build(data, cap, **kw):
         built = ev.build_sparseflow(data, cap, **kw)
+        build.op_types = graph_op_types()
         # The batch's one dedup, as process_tables (the insert function's) calls it.
         if not getattr(sf_keys.dedup_batch, "timed", False):
             patched.append((sf_keys, "dedup_batch", sf_keys.dedup_batch))
@@ -133,8 +156,9 @@ def instrumented_sparseflow(timers):
             sf_lookup.bk = _KernelProxy(sf_lookup.bk, timers)
         for table in built.tables:
             p = table.processor
+            # (keys, unique rows): the rows a compiled op's kernel works on.
             p.process_unique = _timed(p.process_unique, timers, PROCESS,
-                                      lambda a: (len(a[1]), 0))
+                                      lambda a: (len(a[1]), int(a[3])))
             p.release = _timed(p.release, timers, RELEASE)
             p.updated = _timed(p.updated, timers, DRAIN)
         opt = built.sparse_opt
@@ -151,47 +175,79 @@ def instrumented_sparseflow(timers):
             setattr(obj, attr, value)
 
     build.restore = restore
+    build.op_types = {}
     return build
 
 
 # -- op categories --------------------------------------------------------------------------
 
+# sparseflow's nodes, by name: the batch's gather, its gradient, the sparse update. Each is
+# a numpy function or a compiled op (a TensorFlow op whose kernel runs no Python), by its
+# op type.
+GATHER_FN, GRAD_FN, UPDATE_FN = "sparseflow_gather", "sparseflow_gather_grad", "sparseflow_update"
+FUNCTIONS = (GATHER_FN, GRAD_FN, UPDATE_FN)
+NUMPY_FUNCTION, COMPILED_OP = "numpy function", "compiled op"
+# The op types of tf.numpy_function / tf.py_function nodes; any other type is compiled.
+NUMPY_FUNCTION_TYPES = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+
 INPUT = "input: IteratorGetNext (wait)"
-GATHER_PY = "`sparseflow_gather` numpy function"
+GATHER_PY = f"`{GATHER_FN}` {NUMPY_FUNCTION}"
+GATHER_OP = f"`{GATHER_FN}` {COMPILED_OP}"
 LOOKUP_FWD = "lookup fwd: other ops"
-GRAD_PY = "`sparseflow_gather_grad` compiled op"
+GRAD_PY = f"`{GRAD_FN}` {NUMPY_FUNCTION}"
+GRAD_OP = f"`{GRAD_FN}` {COMPILED_OP}"
 LOOKUP_BWD = "lookup bwd: other ops"
 MODEL_FWD = "model fwd + loss"
 MODEL_BWD = "model bwd"
 TRIANGLE = "model: dot interaction's triangle gather, fwd + bwd (in the two above)"
 DENSE_ADAM = "dense Adam"
-UPDATE_PY = "`sparseflow_update` numpy function"
+UPDATE_PY = f"`{UPDATE_FN}` {NUMPY_FUNCTION}"
+UPDATE_OP = f"`{UPDATE_FN}` {COMPILED_OP}"
 SPARSE_OTHER = "sparse Adam: other ops"
 OTHER = "other"
-CATEGORIES = (INPUT, GATHER_PY, LOOKUP_FWD, GRAD_PY, LOOKUP_BWD, MODEL_FWD, MODEL_BWD,
-              TRIANGLE, DENSE_ADAM, UPDATE_PY, SPARSE_OTHER, OTHER)
+CATEGORIES = (INPUT, GATHER_PY, GATHER_OP, LOOKUP_FWD, GRAD_PY, GRAD_OP, LOOKUP_BWD, MODEL_FWD,
+              MODEL_BWD, TRIANGLE, DENSE_ADAM, UPDATE_PY, UPDATE_OP, SPARSE_OTHER, OTHER)
+# Per sparseflow node: its category as a numpy function, as a compiled op.
+NODE_CATEGORIES = {GATHER_FN: (GATHER_PY, GATHER_OP), GRAD_FN: (GRAD_PY, GRAD_OP),
+                   UPDATE_FN: (UPDATE_PY, UPDATE_OP)}
 NUMPY_FUNCTIONS = (GATHER_PY, GRAD_PY, UPDATE_PY)
+COMPILED_OPS = (GATHER_OP, GRAD_OP, UPDATE_OP)
+SPARSEFLOW_NODES = NUMPY_FUNCTIONS + COMPILED_OPS
+# What a numpy function of each node calls that the wrappers time: its kernel (None: none
+# wrapped, so a numpy gradient's sum would count as the rest of its node) and the key
+# processors' bookkeeping. A compiled op calls none of them.
+KERNEL_OF = {GATHER_FN: EXPAND, GRAD_FN: None, UPDATE_FN: UPDATE}
+BOOKKEEPING_OF = {GATHER_FN: (RELEASE,), GRAD_FN: (), UPDATE_FN: (DRAIN,)}
 MODEL = (MODEL_FWD, MODEL_BWD, DENSE_ADAM)   # the dense model's own ops, in every variant
 # Not part of any other category: the triangle is counted inside model fwd / bwd.
 OVERLAPPING = (TRIANGLE,)
 
-# sparseflow names its numpy functions; they sit under name scopes (the lookup's, the
-# gradient's, the optimizer's): lookup/sparseflow_gather,
+# sparseflow names its nodes; they sit under name scopes (the lookup's, the gradient's, the
+# optimizer's): lookup/sparseflow_gather,
 # gradients/lookup/IdentityN_grad/sparseflow_gather_grad, sparse_adam/sparseflow_update.
-_NUMPY_FN = re.compile(r"(?:^|/)(sparseflow_gather_grad|sparseflow_gather|sparseflow_update)"
-                       r"(?:_\d+)?$")
-_BY_FN = {"sparseflow_gather": GATHER_PY, "sparseflow_gather_grad": GRAD_PY,
-          "sparseflow_update": UPDATE_PY}
+_SPARSEFLOW_NODE = re.compile(r"(?:^|/)(sparseflow_gather_grad|sparseflow_gather|"
+                              r"sparseflow_update)(?:_\d+)?$")
 _TRIANGLE = re.compile(r"^(gradients/)?dlrm(_\d+)?/GatherV2(_grad/|$)")
 
 
-def category(name: str, get_next: str) -> str:
-    """The part of the step a node belongs to (by its name and name scope)."""
+def node_kind(name: str, op_types: dict) -> str:
+    """``NUMPY_FUNCTION`` or ``COMPILED_OP``: what node ``name`` is, by its op type in the
+    graph the run built (``op_types``, ``graph_op_types``)."""
+    if name not in op_types:
+        # Not guessed: a wrong kind would put the node's time in the wrong part.
+        raise ValueError(f"node {name!r} is not in the graph whose op types were given")
+    return NUMPY_FUNCTION if op_types[name] in NUMPY_FUNCTION_TYPES else COMPILED_OP
+
+
+def category(name: str, get_next: str, op_types: dict) -> str:
+    """The part of the step a node belongs to (by its name and name scope; a sparseflow
+    node's also by its kind, ``node_kind``)."""
     if name == get_next:
         return INPUT
-    m = _NUMPY_FN.search(name)
+    m = _SPARSEFLOW_NODE.search(name)
     if m:
-        return _BY_FN[m.group(1)]
+        as_numpy, as_op = NODE_CATEGORIES[m.group(1)]
+        return as_numpy if node_kind(name, op_types) == NUMPY_FUNCTION else as_op
     if name.startswith(("lookup/", "tables/")):
         return LOOKUP_FWD
     if name.startswith("gradients/lookup/"):
@@ -207,20 +263,29 @@ def category(name: str, get_next: str) -> str:
     return OTHER
 
 
+def node_op_types(op_types: dict) -> dict:
+    """{category: sorted op types} of the graph's sparseflow nodes (``SPARSEFLOW_NODES``)."""
+    out = defaultdict(set)
+    for name, op_type in op_types.items():
+        if _SPARSEFLOW_NODE.search(name):
+            out[category(name, "", op_types)].add(op_type)
+    return {c: sorted(types) for c, types in out.items()}
+
+
 _DIGITS = re.compile(r"_\d+(?=/|$)")
 
 
-def breakdown(result, get_next: str):
+def breakdown(result, get_next: str, op_types: dict):
     """Per category: mean ms per step, nodes per step, and the 3 largest node groups (names
     with their ``_N`` suffixes folded: ``lookup/strided_slice_7`` -> ``lookup/strided_slice``)
     as [(name, nodes per step, ms per step)]; and the model's nodes (``MODEL``) by name, ms
-    per step."""
+    per step. ``op_types``: of the graph the run built (``graph_op_types``)."""
     sums, counts = defaultdict(float), defaultdict(int)
     groups = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     model = defaultdict(float)
     for md in result.traces:
         for name, _, dur in ev.node_times(md):
-            c = category(name, get_next)
+            c = category(name, get_next, op_types)
             sums[c] += dur
             if c in MODEL:
                 model[name] += dur
@@ -238,6 +303,34 @@ def breakdown(result, get_next: str):
                for name, (k, us) in sorted(g.items(), key=lambda x: -x[1][1])[:3]]
            for c, g in groups.items()}
     return ms, per_step, top, {k: v / n / 1e3 for k, v in model.items()}
+
+
+def node_kernels(wrapped: dict, ms: dict, nodes: dict) -> dict:
+    """Per sparseflow node (``FUNCTIONS``), the kernel that does its work, per step: {ms,
+    calls, unique, keys}. A compiled op runs no Python: its node is its kernel (its node
+    time and count). A numpy function's kernel is the wrapped call inside it
+    (``KERNEL_OF``). Rows: the wrapped kernel's own count where only it ran, else the
+    batch's (``process_unique``'s keys and unique rows, every table: what a compiled op
+    gathers, sums or updates).
+
+    ``wrapped``: {label: {ms, calls, items, items2}} per step (``PROCESS``: per batch, items
+    = keys, items2 = unique rows); ``ms``, ``nodes``: per category, per step (``breakdown``).
+    """
+    batch = wrapped[PROCESS]
+    none = {"ms": 0.0, "calls": 0.0, "items": 0.0, "items2": 0.0}
+    out = {}
+    for fn, (_, as_op) in NODE_CATEGORIES.items():
+        inner = wrapped.get(KERNEL_OF[fn]) or none
+        kernel = {"ms": inner["ms"] + ms.get(as_op, 0.0),
+                  "calls": inner["calls"] + nodes.get(as_op, 0.0)}
+        if inner["calls"] and not nodes.get(as_op):
+            # expand_tables counts (unique rows, keys); _update_tables unique rows only.
+            kernel["unique"] = inner["items"]
+            kernel["keys"] = inner["items2"] if KERNEL_OF[fn] == EXPAND else batch["items"]
+        else:
+            kernel["unique"], kernel["keys"] = batch["items2"], batch["items"]
+        out[fn] = kernel
+    return out
 
 
 def model_diff(nodes_v: dict, nodes_a: dict) -> dict:
@@ -306,25 +399,28 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
 
     Returns medians over rounds: ``{v}_cats`` (ms per step per category), ``{v}_nodes``
     (nodes per step per category), ``{v}_traced_ms`` for v in a, c, d; ``d_top`` (largest
-    node groups per category, last round); ``kernels`` {label: {ms, calls, items, items2}}
-    per step (``PROCESS``: per batch); the untraced runs' ms per step and input wait; the
-    pipeline-alone wall and CPU ms per batch; ``{v}_model``: ``model_diff`` of c and d against
-    a; ``rounds`` (every scalar per round). ``trace_every``: the untraced runs trace every
-    N-th step (not timed) for the input wait.
+    node groups per category, last round); ``d_op_types`` (``node_op_types`` of (d)'s graph,
+    last round); ``kernels`` {label: {ms, calls, items, items2}} per step of the wrapped
+    calls (``PROCESS``, ``DEDUP``: per batch); ``node_kernels`` (``node_kernels``); the
+    untraced runs' ms per step and input wait; the pipeline-alone wall and CPU ms per batch;
+    ``{v}_model``: ``model_diff`` of c and d against a; ``rounds`` (every scalar per round).
+    ``trace_every``: the untraced runs trace every N-th step (not timed) for the input wait.
     """
     n_tables = len(ev.FEATURES)
     acc = defaultdict(list)       # scalar -> per-round values
     cats = {v: defaultdict(list) for v in ("a", "c", "d")}
     nodes = {v: defaultdict(list) for v in ("a", "c", "d")}
-    kern = {label: defaultdict(list) for label in (*WRAPPED, SUM)}
+    kern = {label: defaultdict(list) for label in WRAPPED}
+    nkern = {fn: defaultdict(list) for fn in FUNCTIONS}
     mdiff = {v: defaultdict(list) for v in ("c", "d")}
-    top = {}
+    top, op_types = {}, {}
     for rnd in range(rounds):
         log(f"profile round {rnd + 1}/{rounds}")
         model_nodes = {}
         for v, builder in (("a", ev.build_dense_ceiling), ("c", ev.build_tf_lazy_adam)):
+            builder = recording_op_types(builder)
             r = ev.run_graph(builder, data, cap, warmup, steps, trace_every=1, keep_traces=True)
-            ms, cnt, _, model_nodes[v] = breakdown(r, "IteratorGetNext")
+            ms, cnt, _, model_nodes[v] = breakdown(r, "IteratorGetNext", builder.op_types)
             for k in ms:
                 cats[v][k].append(ms[k])
                 nodes[v][k].append(cnt[k])
@@ -336,7 +432,8 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
                              hook=lambda sess, built, timers=timers: timers.reset())
         finally:
             builder.restore()
-        ms, cnt, top, model_nodes["d"] = breakdown(r, "IteratorGetNext")
+        ms, cnt, top, model_nodes["d"] = breakdown(r, "IteratorGetNext", builder.op_types)
+        op_types = node_op_types(builder.op_types)
         for k in ms:
             cats["d"][k].append(ms[k])
             nodes["d"][k].append(cnt[k])
@@ -349,19 +446,19 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
         # The traced window is exactly `steps` steps (the hook resets the timers after the
         # warm-up; with a hook, run_graph evaluates no final loss). Key processing runs ahead
         # in the tf.data thread: per batch = per n_tables calls.
+        batches = timers.calls[PROCESS] / n_tables
+        step = {}
         for label in WRAPPED:
-            batches = timers.calls[PROCESS] / n_tables
             per = (batches if label in (PROCESS, DEDUP) else steps) or 1
-            kern[label]["ms"].append(timers.total[label] / per * 1e3)
-            kern[label]["calls"].append(timers.calls[label] / per)
-            kern[label]["items"].append(timers.items[label] / per)
-            kern[label]["items2"].append(timers.items2[label] / per)
-        # The gradient's sum is a compiled op (ops/batch_ops.py), with no Python to wrap:
-        # its node's time is its kernel's, over the keys and unique rows the gather expanded.
-        kern[SUM]["ms"].append(ms.get(GRAD_PY, 0.0))
-        kern[SUM]["calls"].append(cnt.get(GRAD_PY, 0.0))
-        kern[SUM]["items"].append(kern[EXPAND]["items"][-1])
-        kern[SUM]["items2"].append(kern[EXPAND]["items2"][-1])
+            step[label] = {"ms": timers.total[label] / per * 1e3,
+                           "calls": timers.calls[label] / per,
+                           "items": timers.items[label] / per,
+                           "items2": timers.items2[label] / per}
+            for k, x in step[label].items():
+                kern[label][k].append(x)
+        for fn, kernel in node_kernels(step, ms, cnt).items():
+            for k, x in kernel.items():
+                nkern[fn][k].append(x)
         # Untraced runs, back to back: the ceiling, (c), (d), and (d) changed one way at a
         # time: input processed ahead, a parallel map.
         pre = {"hook": wait_idle, "take": warmup + untraced_steps,
@@ -394,8 +491,11 @@ def run_profile(data, cap, warmup, steps, untraced_steps, rounds=3, trace_every=
     for v in ("c", "d"):
         out[f"{v}_model"] = {k: statistics.median(x) for k, x in mdiff[v].items()}
     out["d_top"] = top
+    out["d_op_types"] = op_types
     out["kernels"] = {label: {k: statistics.median(x) for k, x in d.items()}
                       for label, d in kern.items()}
+    out["node_kernels"] = {fn: {k: statistics.median(x) for k, x in d.items()}
+                           for fn, d in nkern.items()}
     out["n_tables"] = n_tables
     out["traced_steps"] = steps
     out["cpus"] = len(os.sched_getaffinity(0))
