@@ -151,7 +151,9 @@ def instrumented_sparseflow(timers):
             sf_keys.dedup_batch = _timed(sf_keys.dedup_batch, timers, DEDUP,
                                          lambda a: (len(a[0]), 0))
             sf_keys.dedup_batch.timed = True
-        if not isinstance(sf_lookup.bk, _KernelProxy):
+        # Only a lookup with a numpy gather has the module (the compiled gather runs no
+        # Python to time).
+        if hasattr(sf_lookup, "bk") and not isinstance(sf_lookup.bk, _KernelProxy):
             patched.append((sf_lookup, "bk", sf_lookup.bk))
             sf_lookup.bk = _KernelProxy(sf_lookup.bk, timers)
         for table in built.tables:

@@ -31,10 +31,7 @@ import tensorflow as tf
 
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
-from sparseflow import tensor_buffers
-from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.featurespec.spec import FeatureSpec
-from sparseflow.ops import batch_kernels as bk
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.pipeline.insert_func import (batch_parts, batch_plan, batch_restore, batch_rows,
                                              batch_seq)
@@ -459,12 +456,14 @@ def _batch_embeddings(batch: dict, plan) -> dict:
     spec ``unique_name``, for the tables of ``plan`` that exist when the batch's first lookup
     is built (a table created later is looked up on its own).
 
-    One numpy function gathers every table's unique rows and expands them by each spec's
-    restore vector; its gradient is one compiled op per width (``ops/batch_ops.py``) that
+    One compiled op per width (``ops/batch_ops.py``) gathers every table's unique rows and
+    expands them by each spec's restore vector; its gradient, one compiled op per width too,
     sums each key's gradient into its unique row by the same restore vector, handing each
     table an ``IndexedSlices`` over its unique rows. With 26 tables, a numpy function per
     table plus the TF ops that expand and segment-sum per feature cost more than the work
-    itself (BENCHMARKS.md, end-to-end).
+    itself, and a numpy function per batch still waited for the GIL (BENCHMARKS.md,
+    end-to-end). Only fixed-capacity host tables come here (``SparseTable.gathers_in_kernel``;
+    ``sparse_lookup`` sends the others down the per-table path).
     """
     flat = batch[plan.flat_key]
     cache = graph_cache(flat.graph, "batch_embeddings")
@@ -480,77 +479,38 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     # Device tables are gathered by TF ops on their own (_device_gather), tiered tables on
     # their own too (their gather claims fast slots, _host_gather).
     tables = [t for t in (rt.tables.get(n) for n in plan.tables)
-              if t is not None and t.rows_on == "host" and t.tiers is None]
+              if t is not None and t.gathers_in_kernel]
     if not tables:
         return {}
     # Imported here: loading the compiled ops' kernels starts numba's compiler (~0.4 s),
     # which a process that never looks up a batch need not pay.
     from sparseflow.ops import batch_ops
 
-    # Per group, one output: its width, whether a compiled op gathers it (fixed-capacity
-    # tables; a growing table's rows move, so a numpy function reads them pinned), and its
-    # members: (table, its rows' part, [(spec, its restore part)]).
+    # Per distinct dim, one output: (dim, [(table, its rows' part, [(spec, its restore
+    # part)])]).
     groups = []
-    for in_kernel in (True, False):
-        for dim in sorted({t.dim for t in tables if t.gathers_in_kernel == in_kernel}):
-            groups.append((dim, in_kernel, [
-                (t, plan.part_index(t.table_name),
-                 [(s, plan.part_index(t.table_name, s)) for s in plan.tables[t.table_name]])
-                for t in tables if t.dim == dim and t.gathers_in_kernel == in_kernel]))
+    for dim in sorted({t.dim for t in tables}):
+        groups.append((dim, [(t, plan.part_index(t.table_name),
+                              [(s, plan.part_index(t.table_name, s))
+                               for s in plan.tables[t.table_name]])
+                             for t in tables if t.dim == dim]))
     n_parts = plan.n_parts
-    # Per group, the members' table (index into the group's tables) and parts, in output
-    # order: a table's specs are consecutive, so the kernel reads its unique rows once.
+    # Per group, each member's table token and parts, in output order: a table's specs are
+    # consecutive, so the kernel reads its unique rows once.
     layouts = []
-    for _, _, members in groups:
-        table_of, rows_of, restore_of = [], [], []
-        for t, (_, w, specs) in enumerate(members):
+    for _, members in groups:
+        tokens, rows_of, restore_of = [], [], []
+        for table, w, specs in members:
+            token = table.registry_token()
             for _, r in specs:
-                table_of.append(t)
+                tokens.append(token)
                 rows_of.append(w)
                 restore_of.append(r)
-        layouts.append(tuple(np.asarray(a, np.int64) for a in (table_of, rows_of, restore_of)))
-    in_numpy = [g for g, (_, in_kernel, _) in enumerate(groups) if not in_kernel]
-
-    @tf.autograph.experimental.do_not_convert
-    def gather_all(flat, part_sizes):
-        starts, ends = bk.part_bounds(part_sizes, n_parts)
-        outs = []
-        for g in in_numpy:
-            (dim, _, members), (table_of, rows_of, restore_of) = groups[g], layouts[g]
-            out = tensor_buffers.empty(
-                (int(ends[restore_of].sum() - starts[restore_of].sum()), dim), np.float32)
-            with pinned_storages([table.rows for table, _, _ in members]) as storages:
-                bk.expand_tables(storages, flat, starts, ends, table_of, rows_of, restore_of,
-                                 dim, out)
-            for table, w, _ in members:
-                # The batch's rows are read. With an optimizer bound, evicted rows are freed
-                # only after its update has run (it calls drain).
-                table.release_batch(int(part_sizes[n_parts + w]),
-                                    drain=table.rows.optimizer is None)
-            outs.append(out)
-        return outs
-
-    def gather_groups():
-        """Each group's embeddings: the compiled op per fixed-capacity group (it releases
-        the batch through the registry), one numpy function for the growing ones."""
-        outs = [None] * len(groups)
-        if in_numpy:
-            for g, out in zip(in_numpy, tf.numpy_function(
-                    gather_all, [flat, sizes], [tf.float32] * len(in_numpy), stateful=True,
-                    name="sparseflow_gather")):
-                outs[g] = out
-        for g, ((dim, in_kernel, members), (table_of, rows_of, restore_of)) in enumerate(
-                zip(groups, layouts)):
-            if in_kernel:
-                tokens = np.asarray([members[t][0].registry_token() for t in table_of],
-                                    np.int64)
-                outs[g] = batch_ops.gather_tables(flat, sizes, tokens, rows_of, restore_of,
-                                                  n_parts, dim, name="sparseflow_gather")
-        return outs
+        layouts.append(tuple(np.asarray(a, np.int64) for a in (tokens, rows_of, restore_of)))
 
     # Per group, its specs in output order.
     group_specs = [[(s, r) for _, _, pairs in members for s, r in pairs]
-                   for _, _, members in groups]
+                   for _, members in groups]
 
     def split(tensor, part_indices):
         if len(part_indices) == 1:
@@ -561,9 +521,13 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     @tf.custom_gradient
     def gather(*anchors):
         del anchors  # only carry the gradients to the tables
-        outs = gather_groups()
+        # The op releases each table's batch once its rows are read (through the registry:
+        # KeyProcessor.release, applied under the key processor's lock).
+        outs = [batch_ops.gather_tables(flat, sizes, tokens, rows_of, restore_of, n_parts,
+                                        dim, name="sparseflow_gather")
+                for (dim, _), (tokens, rows_of, restore_of) in zip(groups, layouts)]
         pieces = []
-        for (dim, _, _), out, specs in zip(groups, outs, group_specs):
+        for (dim, _), out, specs in zip(groups, outs, group_specs):
             out.set_shape([None, dim])
             pieces.extend(split(out, [r for _, r in specs]))
 
@@ -585,7 +549,7 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
                     dys[at:at + len(specs)], name="sparseflow_gather_grad"))
                 at += len(specs)
             by_table = {}
-            for (dim, _, members), total in zip(groups, summed):
+            for (dim, members), total in zip(groups, summed):
                 total.set_shape([None, dim])
                 for (table, w, _), piece in zip(members,
                                                 split(total, [w for _, w, _ in members])):

@@ -281,3 +281,52 @@ def test_a_table_gathered_by_the_op_releases_its_batches_and_reads_trained_rows(
     with table.processor.lock:   # entering applies the queued releases
         pass
     assert table.processor.batches_in_flight == 0
+
+
+@numba.njit
+def _hold(token):
+    return registry.acquire(token)
+
+
+@numba.njit
+def _let_go(slot):
+    registry.release(slot)
+
+
+def test_closing_or_replacing_waits_for_the_ops_that_hold_the_entry():
+    """An op holds an entry from acquire to release: a close (terminate) or a replacement
+    of the rows waits for it, so no kernel reads freed rows or writes a freed queue."""
+    import threading
+
+    entry = registry.TableEntry("held")
+    entry.publish(np.zeros((4, 2), np.float32))
+    slot = _hold(entry.token)
+    assert slot == entry.slot
+    done = threading.Event()
+    closer = threading.Thread(target=lambda: (entry.close(), done.set()))
+    closer.start()
+    assert not done.wait(0.2)          # still held: the close waits
+    assert _hold(entry.token) == registry.UNKNOWN   # but no new op gets in
+    _let_go(slot)
+    assert done.wait(5)
+    closer.join()
+    # No storage yet is told apart from no table.
+    fresh = registry.TableEntry("fresh")
+    try:
+        assert _hold(fresh.token) == registry.NO_STORAGE
+    finally:
+        fresh.close()
+
+
+def test_a_closed_entry_takes_no_events_from_the_table_that_reuses_its_slot():
+    first = registry.TableEntry("first")
+    first.publish(np.zeros((1, 1), np.float32))
+    first.close()
+    second = registry.TableEntry("second")   # the freed slot is handed out again
+    try:
+        second.publish(np.zeros((1, 1), np.float32))
+        push_events(second.slot, np.array([7]))
+        assert not first.has_events() and first.take_events()[0].shape == (0,)
+        assert second.take_events()[0].tolist() == [7]
+    finally:
+        second.close()

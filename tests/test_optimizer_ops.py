@@ -209,3 +209,23 @@ def test_session_training_updates_through_the_op_and_counts_its_steps(sf_init):
     with table.processor.lock:    # entering applies what the ops queued
         pass
     assert table.processor.batches_in_flight == 0
+
+
+def test_an_optimizer_carries_its_step_count_to_a_table_created_again(sf_init):
+    """A table created again under its name (a new graph's scope) gets a new registry entry:
+    the optimizer's count carries over to it, as it did in the numpy function's path."""
+    from sparseflow.table import SparseTable
+
+    graph, table, optimizer, outs = _train(3)
+    assert optimizer.steps("t") == 3
+    rebuilt = SparseTable.__new__(SparseTable)   # stands for the recreated table
+    rebuilt.__dict__.update(table.__dict__)
+    from sparseflow.embed.host_rows import HostRows
+    rows = HostRows("t", 64, DIM, table.rows.init_spec)
+    rows.bind_optimizer(optimizer)
+    rows.allocate()
+    rebuilt.rows = rows
+    optimizer._registry_token(rebuilt)
+    assert optimizer.steps("t") == 3
+    assert rows.registry_entry().steps == 3 and optimizer.next_step("t") == 4
+    rows.close()

@@ -106,12 +106,13 @@ class HostRows:
         if self.closed:
             raise RuntimeError(f"Table `{self.name}` was released by "
                                f"terminate_config_initializer(); its rows are gone.")
-        if self._entry is None:
-            from sparseflow.ops.table_registry import TableEntry
+        with self._lock:   # two graphs built at once get one entry
+            if self._entry is None:
+                from sparseflow.ops.table_registry import TableEntry
 
-            entry = TableEntry(self.name)
-            entry.publish(self._storage)
-            self._entry = entry
+                entry = TableEntry(self.name)
+                entry.publish(self._storage)
+                self._entry = entry
         return self._entry
 
     @property
@@ -126,7 +127,7 @@ class HostRows:
           optimizer: the sparse optimizer.
           holds_no_row: the caller (the table, under its key processor's lock) knows that no
             key was ever given a row: storage allocated without the optimizer's slots is then
-            dropped and allocated again, wider, on next use.
+            replaced at once by a wider one.
 
         Raises:
           ValueError: another optimizer is already bound, or the rows were already allocated

@@ -1,9 +1,15 @@
 """TensorFlow ops over every table of a batch, with compiled kernels (``ops/tf_capi.py``).
 
-``sum_tables``: the gradient of a batch's gather (``lookup.py``): each key's gradient row
-summed into its table's unique row, the same sum as ``batch_kernels.sum_tables``, run as a
-TensorFlow op instead of a ``tf.numpy_function``: the backward pass no longer enters Python
-or waits for the GIL before the sparse update (``benchmarks/bench_op_boundary.py``).
+``gather_tables``: a batch's embeddings, every table's unique rows read once and expanded by
+each feature's restore vector (the same expand as ``batch_kernels.expand_tables``), from the
+tables' storages as the registry (``ops/table_registry.py``) holds them; each table's batch
+is then released through the registry's event queue.
+
+``sum_tables``: the gather's gradient: each key's gradient row summed into its table's
+unique row, the same sum as ``batch_kernels.sum_tables``.
+
+Both replaced ``tf.numpy_function`` nodes: the step no longer enters Python or waits for the
+GIL for them (``benchmarks/bench_op_boundary.py``, BENCHMARKS.md end-to-end).
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ _UNKNOWN_TABLE = capi.message_bytes(
     "SparseflowGatherTables: a member's table token names no table alive in this process "
     "(the table was released by terminate_config_initializer(), or the graph was built in "
     "another process)")
+_NO_STORAGE = capi.message_bytes(
+    "SparseflowGatherTables: a member's table has no rows allocated yet "
+    "(start_asc_pipeline() allocates them)")
 _NARROW_TABLE = capi.message_bytes(
     "SparseflowGatherTables: a member's table rows are narrower than dim")
 _BAD_ROW = capi.message_bytes(
@@ -107,7 +116,7 @@ def _part_bounds(flat, sizes, n_parts):
 
 
 @numba.njit(nogil=True, cache=True)
-def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore, n_parts,
+def _sum_members(context, status, scratch, flat, sizes, member_rows, member_restore, n_parts,
                  n_members):
     if (capi.num_inputs(context) != 5 + n_members or n_members < 1 or n_parts < 0
             or n_parts > sizes.shape[0] or member_restore.shape[0] != n_members):
@@ -118,7 +127,7 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
         capi.fail(context, status, _BAD_LAYOUT)
         return
     offsets, n_unique = member_offsets(member_rows, starts, ends)
-    first = capi.input_handle(context, 5, slot, status)
+    first = capi.input_handle(context, 5, scratch, status)
     if first == 0:
         capi.kernel_failure(context, status)
         return
@@ -142,7 +151,7 @@ def _sum_members(context, status, slot, flat, sizes, member_rows, member_restore
     out[:] = 0.0
     for m in range(n_members):
         r = member_restore[m]
-        handle = capi.input_handle(context, 5 + m, slot, status)
+        handle = capi.input_handle(context, 5 + m, scratch, status)
         if handle == 0:
             capi.kernel_failure(context, status)
             break
@@ -167,8 +176,8 @@ _SUM_RANKS = np.array([1, 1, 1, 1, 0], np.int32)
 
 
 @numba.njit(nogil=True, cache=True)
-def _sum_body(context, status, slot, handles):
-    _sum_members(context, status, slot, capi.int32_vector(handles[0]),
+def _sum_body(context, status, scratch, handles):
+    _sum_members(context, status, scratch, capi.int32_vector(handles[0]),
                  capi.int64_vector(handles[1]), capi.int64_vector(handles[2]),
                  capi.int64_vector(handles[3]), capi.int64_scalar(handles[4]),
                  capi.tensor_dim(handles[2], 0))
@@ -179,8 +188,8 @@ def _sum_tables_kernel(kernel, context):
     # Inputs: flat int32 [F], part_sizes int64 [>= n_parts], member_rows int64 [N],
     # member_restore int64 [N], n_parts int64 [], grads N x float32 [keys, dim].
     status = capi.new_status()
-    slot = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 5, slot, status)
+    scratch = np.zeros(1, np.uint64)
+    handles, got = capi.input_handles(context, 5, scratch, status)
     if not got:
         capi.kernel_failure(context, status)
     elif not capi.ranks_are(handles, _SUM_RANKS):
@@ -190,7 +199,7 @@ def _sum_tables_kernel(kernel, context):
         # print it and return with no output set. (The frame is written out in each
         # kernel: passing the body as a function argument made numba refuse to cache it.)
         try:
-            _sum_body(context, status, slot, handles)
+            _sum_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _KERNEL_ERROR)
     capi.delete_handles(handles)
@@ -221,25 +230,55 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
     if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
         capi.fail(context, status, _BAD_GATHER_LAYOUT)
         return
+    for m in range(1, n_members):
+        if member_rows[m - 1] == member_rows[m] and tables[m - 1] != tables[m]:
+            capi.fail(context, status, _BAD_GATHER_LAYOUT)   # one part, two tables
+            return
+    for m in range(n_members):
+        if n_parts + member_rows[m] >= sizes.shape[0]:
+            capi.fail(context, status, _BAD_GATHER_LAYOUT)   # no seq for its table
+            return
+    # Allocated before the tables are held: an allocation that raises then holds nothing.
+    unique = np.empty((most_unique_rows(member_rows, starts, ends), dim), np.float32)
+    slots = np.full(n_members, -1, np.int64)
+    code = 0
+    for m in range(n_members):
+        if m > 0 and member_rows[m - 1] == member_rows[m]:
+            slots[m] = slots[m - 1]
+            continue
+        slot = registry.acquire(tables[m])
+        if slot < 0:
+            code = slot
+            break
+        slots[m] = slot
+    if code == registry.UNKNOWN:
+        capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
+    elif code == registry.NO_STORAGE:
+        capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _NO_STORAGE)
+    else:
+        _gather_held(context, status, flat, sizes, slots, member_rows, member_restore,
+                     n_parts, dim, starts, ends, unique)
+    for m in range(n_members):
+        if slots[m] >= 0 and (m == 0 or member_rows[m - 1] != member_rows[m]):
+            registry.release(slots[m])
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather_held(context, status, flat, sizes, slots, member_rows, member_restore, n_parts,
+                 dim, starts, ends, unique):
+    """The gather once every member's table is held (:func:`registry.acquire`): its
+    storage, rows and width stay as read here until released."""
     reg = registry.registry()
-    slots = np.empty(n_members, np.int64)
+    n_members = member_rows.shape[0]
     n_keys = 0
     for m in range(n_members):
         w = member_rows[m]
         r = member_restore[m]
-        first_of_table = m == 0 or member_rows[m - 1] != w
-        if n_parts + w >= sizes.shape[0] or not (first_of_table or tables[m - 1] == tables[m]):
-            capi.fail(context, status, _BAD_GATHER_LAYOUT)
-            return
-        slots[m] = registry.entry_slot(tables[m])
-        if slots[m] < 0:
-            capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
-            return
         if reg[slots[m], registry.WIDTH] < dim:
             capi.fail(context, status, _NARROW_TABLE)
             return
-        if first_of_table and not rows_in_range(flat[starts[w]:ends[w]],
-                                                 reg[slots[m], registry.ROWS]):
+        if (m == 0 or member_rows[m - 1] != w) and not rows_in_range(
+                flat[starts[w]:ends[w]], reg[slots[m], registry.ROWS]):
             capi.fail(context, status, _BAD_ROW)
             return
         if not _restore_in_range(flat[starts[r]:ends[r]], ends[w] - starts[w]):
@@ -258,7 +297,6 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
         capi.kernel_failure(context, status)
         return
     out = numba.carray(capi.float32_pointer(capi.tensor_data(result)), (n_keys, dim))
-    unique = np.empty((most_unique_rows(member_rows, starts, ends), dim), np.float32)
     at = 0
     for m in range(n_members):
         w = member_rows[m]
@@ -282,7 +320,7 @@ _GATHER_RANKS = np.array([1, 1, 1, 1, 1, 0, 0], np.int32)
 
 
 @numba.njit(nogil=True, cache=True)
-def _gather_body(context, status, slot, handles):
+def _gather_body(context, status, scratch, handles):
     _gather_members(context, status, capi.int32_vector(handles[0]),
                     capi.int64_vector(handles[1]), capi.int64_vector(handles[2]),
                     capi.int64_vector(handles[3]), capi.int64_vector(handles[4]),
@@ -294,8 +332,8 @@ def _gather_tables_kernel(kernel, context):
     # Inputs: flat int32 [F], part_sizes int64 [>= n_parts + tables], member_tables int64
     # [N], member_rows int64 [N], member_restore int64 [N], n_parts int64 [], dim int64 [].
     status = capi.new_status()
-    slot = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 7, slot, status)
+    scratch = np.zeros(1, np.uint64)
+    handles, got = capi.input_handles(context, 7, scratch, status)
     if not got:
         capi.kernel_failure(context, status)
     elif not capi.ranks_are(handles, _GATHER_RANKS):
@@ -305,7 +343,7 @@ def _gather_tables_kernel(kernel, context):
         # print it and return with no output set. (The frame is written out in each
         # kernel: passing the body as a function argument made numba refuse to cache it.)
         try:
-            _gather_body(context, status, slot, handles)
+            _gather_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _GATHER_KERNEL_ERROR)
     capi.delete_handles(handles)

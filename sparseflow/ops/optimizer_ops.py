@@ -32,6 +32,9 @@ _UNKNOWN_TABLE = capi.message_bytes(
     "SparseflowLazyAdamTables: a table token names no table alive in this process (the "
     "table was released by terminate_config_initializer(), or the graph was built in "
     "another process)")
+_NO_STORAGE = capi.message_bytes(
+    "SparseflowLazyAdamTables: a table has no rows allocated yet (start_asc_pipeline() "
+    "allocates them)")
 _BAD_ROW = capi.message_bytes(
     "SparseflowLazyAdamTables: a row index is outside its table (-1, a key without a row, "
     "is the only negative index allowed); nothing was updated")
@@ -46,78 +49,97 @@ def _float64_vector(handle):
 
 
 @numba.njit(nogil=True, cache=True)
-def _update_tables(context, status, slot, tokens, hparams, n_tables):
+def _update_tables(context, status, scratch, tokens, hparams, n_tables):
     if (capi.num_inputs(context) != 2 + 2 * n_tables or n_tables < 1
             or tokens.shape[0] != n_tables or hparams.shape[0] != 4):
         capi.fail(context, status, _BAD_LAYOUT)
         return
-    reg = registry.registry()
-    slots = np.empty(n_tables, np.int64)
     handles = np.zeros(2 * n_tables, np.uint64)
-    ok = True
-    # Every table is checked before any is updated: a refused op changes nothing.
+    slots = np.full(n_tables, -1, np.int64)
+    dims = np.empty(0, np.int64)
+    # The output first: once a table is updated, nothing may fail the op.
+    result = capi.allocate_output(context, 0, capi.TF_INT64, dims.ctypes.data, 0, 8, status)
+    if capi.status_code(status) != capi.TF_OK:
+        capi.kernel_failure(context, status)
+        return
+    code = 0
     for t in range(n_tables):
-        slots[t] = registry.entry_slot(tokens[t])
+        handles[2 * t] = capi.input_handle(context, 2 + t, scratch, status)
+        handles[2 * t + 1] = capi.input_handle(context, 2 + n_tables + t, scratch, status)
+        if handles[2 * t] == 0 or handles[2 * t + 1] == 0:
+            code = 1
+            break
+        slots[t] = registry.acquire(tokens[t])
         if slots[t] < 0:
-            capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
-            ok = False
+            code = slots[t]
             break
-        rows_handle = capi.input_handle(context, 2 + t, slot, status)
-        handles[2 * t] = rows_handle
-        grads_handle = capi.input_handle(context, 2 + n_tables + t, slot, status)
-        handles[2 * t + 1] = grads_handle
-        if rows_handle == 0 or grads_handle == 0:
-            capi.kernel_failure(context, status)
-            ok = False
-            break
+    if code == 1:
+        capi.kernel_failure(context, status)
+    elif code == registry.UNKNOWN:
+        capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
+    elif code == registry.NO_STORAGE:
+        capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _NO_STORAGE)
+    elif _valid(context, status, handles, slots):
+        _update_held(handles, slots, hparams)
+        numba.carray(capi.int64_pointer(capi.tensor_data(result)), 1)[0] = n_tables
+    for t in range(n_tables):
+        if slots[t] >= 0:
+            registry.release(slots[t])
+    capi.delete_tensor(result)
+    capi.delete_handles(handles)
+
+
+@numba.njit(nogil=True, cache=True)
+def _valid(context, status, handles, slots):
+    """Whether every held table's rows and gradients fit it; fails the op if not. Every
+    table is checked before any is updated: a refused op changes nothing."""
+    reg = registry.registry()
+    for t in range(slots.shape[0]):
+        rows_handle, grads_handle = handles[2 * t], handles[2 * t + 1]
         if (capi.tensor_rank(rows_handle) != 1 or capi.tensor_rank(grads_handle) != 2
                 or capi.tensor_dim(grads_handle, 0) != capi.tensor_dim(rows_handle, 0)
                 or 3 * capi.tensor_dim(grads_handle, 1) != reg[slots[t], registry.WIDTH]):
             capi.fail(context, status, _BAD_LAYOUT)
-            ok = False
-            break
+            return False
         if not rows_in_range(capi.int32_vector(rows_handle), reg[slots[t], registry.ROWS]):
             capi.fail(context, status, _BAD_ROW)
-            ok = False
-            break
-    if ok:
-        learning_rate = hparams[0]
-        b1 = np.float32(hparams[1])
-        b2 = np.float32(hparams[2])
-        eps = np.float32(hparams[3])
-        one = np.float32(1.0)
-        for t in range(n_tables):
-            rows = capi.int32_vector(handles[2 * t])
-            dim = capi.tensor_dim(handles[2 * t + 1], 1)
-            grads = numba.carray(capi.float32_pointer(capi.tensor_data(handles[2 * t + 1])),
-                                 (rows.shape[0], dim))
-            storage = numba.carray(capi.float32_pointer(reg[slots[t], registry.STORAGE]),
-                                   (reg[slots[t], registry.ROWS], reg[slots[t], registry.WIDTH]))
-            step = registry.count_step(slots[t])
-            adam_update(storage, rows, grads, adam_step_rate(learning_rate, b1, b2, step), b1,
-                        one - b1, b2, one - b2, eps)
-            marks = registry.marks(slots[t])
-            if rows_in_range(rows, marks.shape[0]):   # the marks cover every row
-                mark_rows(marks, rows)
-            registry.push_drain(slots[t])
-        dims = np.empty(0, np.int64)
-        result = capi.allocate_output(context, 0, capi.TF_INT64, dims.ctypes.data, 0, 8,
-                                      status)
-        if capi.status_code(status) != capi.TF_OK:
-            capi.kernel_failure(context, status)
-        else:
-            numba.carray(capi.int64_pointer(capi.tensor_data(result)), 1)[0] = n_tables
-            capi.delete_tensor(result)
-    capi.delete_handles(handles)
-
-
-_RANKS = np.array([1, 1], np.int32)
+            return False
+    return True
 
 
 @numba.njit(nogil=True, cache=True)
-def _update_body(context, status, slot, handles):
-    _update_tables(context, status, slot, capi.int64_vector(handles[0]),
+def _update_held(handles, slots, hparams):
+    """Per held table: Adam's step counted, the update, its rows marked for the next
+    incremental checkpoint, a DRAIN queued (``KeyProcessor.updated``)."""
+    reg = registry.registry()
+    learning_rate = hparams[0]
+    b1 = np.float32(hparams[1])
+    b2 = np.float32(hparams[2])
+    eps = np.float32(hparams[3])
+    one = np.float32(1.0)
+    for t in range(slots.shape[0]):
+        rows = capi.int32_vector(handles[2 * t])
+        dim = capi.tensor_dim(handles[2 * t + 1], 1)
+        grads = numba.carray(capi.float32_pointer(capi.tensor_data(handles[2 * t + 1])),
+                             (rows.shape[0], dim))
+        storage = numba.carray(capi.float32_pointer(reg[slots[t], registry.STORAGE]),
+                               (reg[slots[t], registry.ROWS], reg[slots[t], registry.WIDTH]))
+        step = registry.count_step(slots[t])
+        adam_update(storage, rows, grads, adam_step_rate(learning_rate, b1, b2, step), b1,
+                    one - b1, b2, one - b2, eps)
+        marks = registry.marks(slots[t])
+        if rows_in_range(rows, marks.shape[0]):   # the marks cover every row
+            mark_rows(marks, rows)
+        registry.push_drain(slots[t])
+
+
+@numba.njit(nogil=True, cache=True)
+def _update_body(context, status, scratch, handles):
+    _update_tables(context, status, scratch, capi.int64_vector(handles[0]),
                    _float64_vector(handles[1]), capi.tensor_dim(handles[0], 0))
+
+
+_RANKS = np.array([1, 1], np.int32)
 
 
 @numba.cfunc(types.void(types.uint64, types.uint64), nopython=True, cache=True)
@@ -125,8 +147,8 @@ def _lazy_adam_tables_kernel(kernel, context):
     # Inputs: tables int64 [N], hparams float64 [4], rows N x int32 [U], grads N x float32
     # [U, dim].
     status = capi.new_status()
-    slot = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 2, slot, status)
+    scratch = np.zeros(1, np.uint64)
+    handles, got = capi.input_handles(context, 2, scratch, status)
     if not got:
         capi.kernel_failure(context, status)
     elif not capi.ranks_are(handles, _RANKS):
@@ -136,7 +158,7 @@ def _lazy_adam_tables_kernel(kernel, context):
         # print it and return with no output set. (The frame is written out in each
         # kernel: passing the body as a function argument made numba refuse to cache it.)
         try:
-            _update_body(context, status, slot, handles)
+            _update_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _KERNEL_ERROR)
     capi.delete_handles(handles)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import weakref
 
 import llvmlite.binding as llvm
@@ -42,14 +43,19 @@ _QUEUE_MARGIN = 64          # slack for gathers pushing at once
 # Fields of an entry (one int64 row of the registry): the rows; the release queue (its
 # address, head and tail counters, the newest release a full queue lost, whether it lost an
 # update's drain); the optimizer's update count (Adam's bias-correction step); the rows'
-# checkpoint marks (``KeyProcessor.dirty``: address and length).
+# checkpoint marks (``KeyProcessor.dirty``: address and length); how many ops are using the
+# entry (:func:`acquire`).
 (STORAGE, ROWS, WIDTH, GENERATION, QUEUE, HEAD, TAIL, OVERFLOW, DRAIN_LOST, STEPS, MARKS,
- MARKS_LEN) = range(12)
+ MARKS_LEN, IN_USE) = range(13)
 _FIELDS = 16
 
-# Queue events, stored + 1 (0 marks a place not yet written): a batch released (its seq,
+# Queue events, stored + 2 (0 marks a place not yet written): a batch released (its seq,
 # >= 0), or DRAIN, an update ran (quarantined rows no batch in flight needs may be freed).
 DRAIN = -1
+
+# acquire(): the token names no live entry; the entry has no storage yet.
+UNKNOWN, NO_STORAGE = -1, -2
+_WAIT_LIMIT_S = 60.0   # how long a replacement or close waits for ops still using an entry
 
 _REGISTRY = np.zeros((MAX_TABLES, _FIELDS), np.int64)
 llvm.add_symbol(SYMBOL, _REGISTRY.ctypes.data)
@@ -101,25 +107,62 @@ def _atomic(typingctx, operation, address, value):
 
 @numba.njit(nogil=True, cache=True)
 def registry():
-    """The registry, an int64 ``[MAX_TABLES, 8]`` view (kernels only)."""
+    """The registry, an int64 ``[MAX_TABLES, 16]`` view (kernels only)."""
     return numba.carray(_int64_pointer(_registry_address()), (MAX_TABLES, _FIELDS))
-
-
-@numba.njit(nogil=True, cache=True)
-def entry_slot(token):
-    """The registry slot a token names, or -1 when it names no live entry (a released table,
-    or a token from another process)."""
-    if token < 0:
-        return -1
-    slot = token % MAX_TABLES
-    if registry()[slot, GENERATION] != token // MAX_TABLES or registry()[slot, STORAGE] == 0:
-        return -1
-    return slot
 
 
 @numba.njit(nogil=True, cache=True)
 def _field_address(slot, field):
     return _registry_address() + (slot * _FIELDS + field) * 8
+
+
+@numba.njit(nogil=True, cache=True)
+def _load(slot, field):
+    # An atomic read: ordered with the atomic writes of other threads.
+    return _atomic("add", _field_address(slot, field), 0)
+
+
+@numba.njit(nogil=True, cache=True)
+def acquire(token):
+    """The registry slot a token names, marked in use: its storage is neither replaced nor
+    freed, nor its slot reused, until :func:`release`. Else UNKNOWN (a released table, or a
+    token from another process) or NO_STORAGE (nothing to read yet), nothing held."""
+    if token < 0:
+        return UNKNOWN
+    slot = token % MAX_TABLES
+    _atomic("add", _field_address(slot, IN_USE), 1)
+    # Checked after the mark: a close or replacement that started before it waits for it.
+    if _load(slot, GENERATION) != token // MAX_TABLES:
+        release(slot)
+        return UNKNOWN
+    if _load(slot, STORAGE) == 0:
+        release(slot)
+        return NO_STORAGE
+    return slot
+
+
+@numba.njit(nogil=True, cache=True)
+def release(slot):
+    """Ends a use :func:`acquire` began."""
+    _atomic("add", _field_address(slot, IN_USE), -1)
+
+
+@numba.njit(nogil=True, cache=True)
+def _retire(slot, field):
+    """Zeroes ``field`` (STORAGE or GENERATION) atomically, so no new :func:`acquire`
+    succeeds; returns how many ops still hold the entry."""
+    _atomic("xchg", _field_address(slot, field), 0)
+    return _load(slot, IN_USE)
+
+
+@numba.njit(nogil=True, cache=True)
+def _in_use(slot):
+    return _load(slot, IN_USE)
+
+
+@numba.njit(nogil=True, cache=True)
+def _set(slot, field, value):
+    _atomic("xchg", _field_address(slot, field), value)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -173,7 +216,7 @@ def _take_events(slot, out):
     head = reg[slot, HEAD]
     tail = reg[slot, TAIL]
     n = 0
-    while tail < head:
+    while tail < head and n < out.shape[0]:
         value = _atomic("xchg", reg[slot, QUEUE] + (tail % QUEUE_SIZE) * 8, 0)
         if value == 0:   # reserved by a push still writing: taken next time
             break
@@ -232,20 +275,37 @@ class TableEntry:
 
     def publish(self, storage: np.ndarray | None) -> None:
         """Points the entry at ``storage`` (float32 ``[rows, width]``, C-contiguous), or at
-        nothing (ops then fail naming the table as released). The caller keeps ``storage``
-        alive while ops may read it and publishes its replacement before dropping it."""
-        entry = _REGISTRY[self.slot]
-        if storage is None:
-            entry[STORAGE] = 0
-        else:
-            if storage.dtype != np.float32 or storage.ndim != 2 or \
-                    not storage.flags.c_contiguous:
-                raise ValueError(f"Table `{self.name}`: a registered storage must be a "
-                                 f"C-contiguous float32 matrix; got {storage.dtype} "
-                                 f"{storage.shape}")
+        nothing (ops then fail: no storage). Waits for the ops using the entry to finish
+        first; the entry keeps ``storage`` alive.
+
+        Raises:
+          ValueError: ``storage`` is not a C-contiguous float32 matrix.
+          RuntimeError: the entry is closed, or ops held it past the wait limit.
+        """
+        if storage is not None and (storage.dtype != np.float32 or storage.ndim != 2
+                                    or not storage.flags.c_contiguous):
+            raise ValueError(
+                f"Table `{self.name}`: a registered storage must be a C-contiguous float32 "
+                f"matrix; got {storage.dtype} {storage.shape}"
+                f"{'' if storage.flags.c_contiguous else ', not C-contiguous'}")
+        if self._closed:
+            raise RuntimeError(f"Table `{self.name}` was released; its entry takes no rows.")
+        self._wait_unused(_retire(self.slot, STORAGE), "replacing its rows")
+        if storage is not None:
+            entry = _REGISTRY[self.slot]
             entry[ROWS], entry[WIDTH] = storage.shape
-            entry[STORAGE] = storage.ctypes.data
+            _set(self.slot, STORAGE, storage.ctypes.data)
         self._storage = storage
+
+    def _wait_unused(self, in_use: int, what: str) -> None:
+        """Waits until no op holds the entry (they finish in milliseconds)."""
+        deadline = time.monotonic() + _WAIT_LIMIT_S
+        while in_use:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Table `{self.name}`: {in_use} compiled ops still use its "
+                                   f"rows after {_WAIT_LIMIT_S:.0f} s; not {what}.")
+            time.sleep(0.0005)
+            in_use = _in_use(self.slot)
 
     def publish_marks(self, marks: np.ndarray | None) -> None:
         """Points the entry at the rows' checkpoint marks (bool per row, C-contiguous), which
@@ -265,13 +325,18 @@ class TableEntry:
     def take_events(self) -> tuple[np.ndarray, int, bool]:
         """What ops queued since the last call: (int64 events in queue order: a released
         batch's seq, or :data:`DRAIN` for an update that ran; the newest seq a full queue
-        could not hold, or -1; whether it could not hold a DRAIN). Call from one thread at
-        a time (the key processor's lock)."""
+        could not hold, or -1; whether it could not hold a DRAIN). Nothing once closed (the
+        slot may serve another table). Call from one thread at a time (the key processor's
+        lock)."""
+        if self._closed:
+            return np.zeros(0, np.int64), -1, False
         n, overflow, drain_lost = _take_events(self.slot, self._taken)
         return self._taken[:n].copy(), int(overflow), bool(drain_lost)
 
     def has_events(self) -> bool:
         """Whether :meth:`take_events` has anything to return (a cheap check)."""
+        if self._closed:
+            return False
         entry = _REGISTRY[self.slot]
         return bool(entry[HEAD] != entry[TAIL] or entry[OVERFLOW] >= 0 or entry[DRAIN_LOST])
 
@@ -293,11 +358,16 @@ class TableEntry:
         return int(count_step(self.slot))
 
     def close(self) -> None:
-        """Frees the entry: its token no longer names anything (its step count stays
-        readable)."""
+        """Frees the entry once no op uses it: its token no longer names anything (its step
+        count stays readable).
+
+        Raises:
+          RuntimeError: ops held the entry past the wait limit (it then stays allocated).
+        """
         if self._closed:
             return
-        self._closed_steps = self.steps
+        self._wait_unused(_retire(self.slot, GENERATION), "releasing them")
+        self._closed_steps = int(_REGISTRY[self.slot, STEPS])
         self._closed = True
         self._storage = self._marks = None
         self._finalizer()
@@ -305,6 +375,10 @@ class TableEntry:
 
 def _free_slot(slot: int, queue: np.ndarray) -> None:
     # ``queue`` is held until here: the entry's queue address stays valid while it is live.
+    # (Reached unclosed only when the entry was collected: no graph names it any more.)
+    _retire(slot, GENERATION)
+    while _in_use(slot):
+        time.sleep(0.0005)
     _REGISTRY[slot] = 0
     with _lock:
         _free.append(slot)

@@ -37,7 +37,6 @@ TF_INVALID_ARGUMENT = 3
 TF_FAILED_PRECONDITION = 9
 
 
-
 def _framework_library() -> ctypes.CDLL:
     """The loaded ``libtensorflow_framework`` (TensorFlow's import already mapped it)."""
     candidates = sorted(glob.glob(os.path.join(tf.sysconfig.get_lib(),
@@ -162,24 +161,24 @@ def message_bytes(text: str) -> np.ndarray:
 # -- helpers for kernels --------------------------------------------------------------------
 
 @numba.njit(nogil=True, cache=True)
-def input_handle(context, index, slot, status):
+def input_handle(context, index, scratch, status):
     """The handle of input ``index`` (to be deleted with ``delete_tensor``), 0 if TF
     refused."""
-    slot[0] = 0
-    get_input(context, index, slot.ctypes.data, status)
+    scratch[0] = 0
+    get_input(context, index, scratch.ctypes.data, status)
     if status_code(status) != TF_OK:
         return np.uint64(0)
-    return slot[0]
+    return scratch[0]
 
 
 @numba.njit(nogil=True, cache=True)
-def input_handles(context, n, slot, status):
+def input_handles(context, n, scratch, status):
     """Handles of inputs ``[0, n)`` (0 where TF refused one) and whether all were taken;
-    free them with :func:`delete_handles`. ``slot``: a uint64 ``[1]`` scratch array."""
+    free them with :func:`delete_handles`. ``scratch``: a uint64 ``[1]`` array."""
     handles = np.zeros(n, np.uint64)
     got = True
     for k in range(n):
-        handles[k] = input_handle(context, k, slot, status)
+        handles[k] = input_handle(context, k, scratch, status)
         got = got and handles[k] != 0
     return handles, got
 

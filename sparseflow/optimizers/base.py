@@ -1,9 +1,11 @@
 """The sparse optimizer: lazy updates of the rows a batch touched.
 
 ``apply_gradients(zip(grads, tables))`` takes, per table, the ``IndexedSlices`` that
-``tf.gradients(loss, table)`` returns. For host tables it builds one ``tf.numpy_function`` for
-all of them that runs, table by table, a fused numba update over the interleaved
-``[weights | slots]`` rows. Device tables (``rows_on="device"``) are updated by TF ops over
+``tf.gradients(loss, table)`` returns. For host tables it builds one update for all of them:
+a fused numba update over the interleaved ``[weights | slots]`` rows, run by a compiled op
+where the optimizer has one and every table is fixed-capacity with a batch's unique rows
+(``_compiled_update``: lazy Adam, ``ops/optimizer_ops.py``), else by one
+``tf.numpy_function``. Device tables (``rows_on="device"``) are updated by TF ops over
 their variables (``DeviceRows.apply_*``, the same arithmetic), followed by one numpy function
 that does the host-side bookkeeping (rows changed for incremental checkpoints, evicted rows
 freed). Duplicate rows are summed first; rows of -1 (unadmitted keys) are skipped; untouched
@@ -72,9 +74,9 @@ class SparseOptimizer:
         """Initial value of each slot for a freshly allocated row."""
         return tuple(0.0 for _ in self.slot_names)
 
-    # The step counter: one per table, here, for host and device tables alike (a device
-    # table's TF update reads it through a numpy function), so that checkpoints read and
-    # write it in one way.
+    # The step counter: one per table, for host and device tables alike (a device table's
+    # TF update reads it through a numpy function), so that checkpoints read and write it in
+    # one way: here, or in the table's registry entry once a compiled update counts it.
 
     def steps(self, table_name: str) -> int:
         """Updates applied so far to ``table_name`` (Adam's bias-correction step)."""
@@ -102,10 +104,14 @@ class SparseOptimizer:
         """``table``'s registry token for a compiled update, its step counter moved into its
         entry first (where the op counts)."""
         token = table.registry_token()
+        entry = table.rows.registry_entry()
         with self._lock:
-            if table.table_name not in self._step_entries:
-                entry = table.rows.registry_entry()
-                entry.steps = self._steps.get(table.table_name, 0)
+            # A table created again under the same name (a new Estimator graph's scope)
+            # has a new entry: the count carries over, as the dict's did.
+            old = self._step_entries.get(table.table_name)
+            if old is not entry:
+                entry.steps = (old.steps if old is not None
+                               else self._steps.get(table.table_name, 0))
                 self._step_entries[table.table_name] = entry
         return token
 

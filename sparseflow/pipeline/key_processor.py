@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -429,7 +430,8 @@ class KeyProcessor:
         """
         if seq < 0:
             return
-        # The step's gather calls this; the input pipeline's thread holds the lock while it
+        # A numpy-function gather calls this (a compiled one queues its releases in the
+        # registry, applied the same way); the input pipeline's thread holds the lock while it
         # processes the next batch of this table. Waiting for it put that processing on the
         # step's critical path (0.3 ms per 26-table step, BENCHMARKS.md): the release is
         # left to the lock's next holder instead, which applies it before anything else.
@@ -490,13 +492,19 @@ class KeyProcessor:
                 self._drain_quarantine()
             else:
                 self._release(event, drains)
-        if newest_unqueued >= 0:
-            # The queue was full: every batch up to that one counts as read (gathers run in
-            # batch order but for a parallel map's reordering).
-            for seq in sorted(s for s in self._outstanding if s <= newest_unqueued):
-                self._release(seq, drains)
+        # What a full queue could not hold came after what it held, in an order now lost:
+        # the drain first, while those batches still count as in flight (it frees less).
         if drain_unqueued:
             self._drain_quarantine()
+        if newest_unqueued >= 0:
+            # Every batch up to that one counts as read (gathers run in batch order but for
+            # a parallel map's reordering).
+            warnings.warn(f"Table `{self.table_name}`: compiled gathers released more "
+                          f"batches than the event queue holds before its key processor ran; "
+                          f"batches up to {newest_unqueued} count as read.", RuntimeWarning,
+                          stacklevel=2)
+            for seq in sorted(s for s in self._outstanding if s <= newest_unqueued):
+                self._release(seq, drains)
 
     def drain(self) -> None:
         """Frees quarantined rows that no batch in flight still needs (after an update)."""
@@ -563,7 +571,9 @@ class KeyProcessor:
         """The checkpoint marks so far (a copy), then none: a new window starts. In place:
         compiled updates write the array. The caller holds :attr:`lock`."""
         marks = self.dirty.copy()
-        self.dirty[:] = False
+        # Only what was copied is cleared: a row a compiled update marks meanwhile stays
+        # marked for the next window.
+        self.dirty[marks] = False
         return marks
 
     def mark_saved(self) -> None:
