@@ -336,6 +336,9 @@ class SparseTable:
         if not self.gathers_in_kernel:
             raise ValueError(f"Table `{self.table_name}` is not read by compiled gathers "
                              f"(device rows, tiers or dynamic expansion).")
+        # Allocated now (untouched pages cost nothing): an op must find rows to read even
+        # before any key was admitted, as a numpy function's allocate() gave it.
+        self.rows.allocate()
         entry = self.rows.registry_entry()
         self.processor.take_kernel_events(entry, lambda: self.rows.optimizer is None)
         return entry.token

@@ -130,7 +130,7 @@ def test_gather_op_refuses_rows_outside_the_table_and_restores_outside_the_rows(
             batch_ops.gather_tables(flat, sizes, [entry.token], [0], [1], 2, DIM)
 
 
-def test_gather_op_refuses_layouts_that_would_misread(entries):
+def test_gather_op_refuses_layouts_that_would_misread_and_reads_members_apart(entries):
     parts, flat, sizes, members, layout, tokens = _batch(0, entries)
     n = len(parts)
     ok = dict(flat=flat, part_sizes=sizes, member_tables=tokens, member_rows=layout[1],
@@ -145,8 +145,6 @@ def test_gather_op_refuses_layouts_that_would_misread(entries):
         dict(n_parts=n + 31),                                   # past part_sizes
         dict(part_sizes=sizes[:n]),                             # no seq after the parts
         dict(flat=flat[:-1]),                                   # parts run past flat
-        dict(member_rows=layout[1][split], member_restore=layout[2][split],
-             member_tables=tokens[split]),                      # a table's members split
         dict(member_tables=swapped),
         dict(member_tables=tokens[:-1]),                        # lengths differ
         dict(dim=0),
@@ -156,6 +154,13 @@ def test_gather_op_refuses_layouts_that_would_misread(entries):
             batch_ops.gather_tables(**{**ok, **change})
     with pytest.raises(tf.errors.InvalidArgumentError, match="narrower than dim"):
         batch_ops.gather_tables(**{**ok, "dim": 3 * DIM + 1})
+    # A table's members apart (the TF2 face's feature order) are read correctly: the
+    # table's rows once per run of its members.
+    expected = _reference(parts, [members[i] for i in split], [s for _, s in entries])
+    apart = batch_ops.gather_tables(**{**ok, "member_rows": layout[1][split],
+                                       "member_restore": layout[2][split],
+                                       "member_tables": tokens[split]})
+    np.testing.assert_array_equal(apart.numpy(), expected)
 
 
 def test_gather_op_refuses_inputs_of_the_wrong_rank(entries):

@@ -110,6 +110,41 @@ def test_the_tf2_path_trains_as_the_session_path(optimizer):
     assert reference[0][-5:].mean() < reference[0][:5].mean()   # it trained
 
 
+@pytest.mark.parametrize("optimizer, update", [("adam", "SparseflowLazyAdamTables"),
+                                               ("sgd", "PyFunc")])
+def test_the_tf2_step_gathers_sums_and_updates_in_compiled_ops(optimizer, update):
+    """The TF2 face runs the Session path's compiled ops: the gather and the gradient's sum
+    always, the update where the optimizer has one (lazy Adam; SGD's kernel runs in a numpy
+    function)."""
+    embedding, _ = _tf2_embedding(optimizer, 1)
+    w = tf.Variable(_w0())
+    data = two_table_data(1, B, V1, V2)
+    features = {k: tf.constant(data[k]) for k in ("f1", "f2", "f3")}
+
+    @tf.function
+    def step(features, label):
+        embedding.enqueue(features, training=True)
+        with tf.GradientTape() as tape:
+            activations = embedding.dequeue()
+            tape.watch(activations)
+            x = tf.concat([activations[k] for k in ("f1", "f2", "f3")], 1)
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - label[:, None]))
+        embedding.apply_gradients(tape.gradient(loss, activations))
+        return loss
+
+    label = tf.constant(data["label"])
+    ops = step.get_concrete_function(features, label).graph.get_operations()
+    by_type = {}
+    for op in ops:
+        by_type.setdefault(op.type, []).append(op.name)
+    assert len(by_type["SparseflowGatherTables"]) == 2       # two widths
+    assert len(by_type["SparseflowSumTables"]) == 2
+    assert any("update" in n for n in by_type.get(update, []))
+    assert not any("gather" in n for n in by_type.get("PyFunc", []))
+    first, second = float(step(features, label)), float(step(features, label))
+    assert second < first   # the compiled path trains
+
+
 def test_raw_ids_enqueued_train_as_ids_processed_in_the_dataset():
     data = two_table_data(1, B * STEPS, V1, V2)
     _assert_same(_tf2_losses(data, "adam", 1, in_dataset=False),

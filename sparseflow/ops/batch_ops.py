@@ -47,8 +47,8 @@ _BAD_GATHER_LAYOUT = capi.message_bytes(
     "SparseflowGatherTables: flat and part_sizes must be 1-D, n_parts and dim scalars with "
     "n_parts in [0, len(part_sizes)] and dim >= 1, part sizes >= 0 with the parts inside "
     "flat, member_tables, member_rows and member_restore int64 [N >= 1] with rows and "
-    "restore naming parts below n_parts, a table's members consecutive and of one table, "
-    "and each table's batch seq at part_sizes[n_parts + its rows' part]")
+    "restore naming parts below n_parts, one table per rows part, and each "
+    "table's batch seq at part_sizes[n_parts + its rows' part]")
 _UNKNOWN_TABLE = capi.message_bytes(
     "SparseflowGatherTables: a member's table token names no table alive in this process "
     "(the table was released by terminate_config_initializer(), or the graph was built in "
@@ -227,60 +227,64 @@ def _gather_members(context, status, flat, sizes, tables, member_rows, member_re
         capi.fail(context, status, _BAD_GATHER_LAYOUT)
         return
     starts, ends = _part_bounds(flat, sizes, n_parts)
-    if starts.shape[0] != n_parts or not _members_valid(member_rows, member_restore, n_parts):
+    if starts.shape[0] != n_parts:
         capi.fail(context, status, _BAD_GATHER_LAYOUT)
         return
-    for m in range(1, n_members):
-        if member_rows[m - 1] == member_rows[m] and tables[m - 1] != tables[m]:
-            capi.fail(context, status, _BAD_GATHER_LAYOUT)   # one part, two tables
-            return
+    # Per rows part, its table: one table per part, and the part's batch seq present.
+    part_table = np.zeros(n_parts, np.int64)
+    is_rows = np.zeros(n_parts, np.bool_)
     for m in range(n_members):
-        if n_parts + member_rows[m] >= sizes.shape[0]:
-            capi.fail(context, status, _BAD_GATHER_LAYOUT)   # no seq for its table
+        w = member_rows[m]
+        if not (0 <= w < n_parts and 0 <= member_restore[m] < n_parts
+                and n_parts + w < sizes.shape[0]
+                and (not is_rows[w] or part_table[w] == tables[m])):
+            capi.fail(context, status, _BAD_GATHER_LAYOUT)
             return
+        part_table[w] = tables[m]
+        is_rows[w] = True
     # Allocated before the tables are held: an allocation that raises then holds nothing.
     unique = np.empty((most_unique_rows(member_rows, starts, ends), dim), np.float32)
-    slots = np.full(n_members, -1, np.int64)
+    part_slot = np.full(n_parts, -1, np.int64)
     code = 0
-    for m in range(n_members):
-        if m > 0 and member_rows[m - 1] == member_rows[m]:
-            slots[m] = slots[m - 1]
-            continue
-        slot = registry.acquire(tables[m])
-        if slot < 0:
-            code = slot
-            break
-        slots[m] = slot
+    for w in range(n_parts):
+        if is_rows[w]:
+            slot = registry.acquire(part_table[w])
+            if slot < 0:
+                code = slot
+                break
+            part_slot[w] = slot
     if code == registry.UNKNOWN:
         capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _UNKNOWN_TABLE)
     elif code == registry.NO_STORAGE:
         capi.fail_with(context, status, capi.TF_FAILED_PRECONDITION, _NO_STORAGE)
     else:
-        _gather_held(context, status, flat, sizes, slots, member_rows, member_restore,
+        _gather_held(context, status, flat, sizes, part_slot, member_rows, member_restore,
                      n_parts, dim, starts, ends, unique)
-    for m in range(n_members):
-        if slots[m] >= 0 and (m == 0 or member_rows[m - 1] != member_rows[m]):
-            registry.release(slots[m])
+    for w in range(n_parts):
+        if part_slot[w] >= 0:
+            registry.release(part_slot[w])
 
 
 @numba.njit(nogil=True, cache=True)
-def _gather_held(context, status, flat, sizes, slots, member_rows, member_restore, n_parts,
-                 dim, starts, ends, unique):
-    """The gather once every member's table is held (:func:`registry.acquire`): its
-    storage, rows and width stay as read here until released."""
+def _gather_held(context, status, flat, sizes, part_slot, member_rows, member_restore,
+                 n_parts, dim, starts, ends, unique):
+    """The gather once every rows part's table is held (:func:`registry.acquire`,
+    ``part_slot``): its storage, rows and width stay as read here until released."""
     reg = registry.registry()
     n_members = member_rows.shape[0]
     n_keys = 0
+    for w in range(n_parts):
+        if part_slot[w] < 0:
+            continue
+        if reg[part_slot[w], registry.WIDTH] < dim:
+            capi.fail(context, status, _NARROW_TABLE)
+            return
+        if not rows_in_range(flat[starts[w]:ends[w]], reg[part_slot[w], registry.ROWS]):
+            capi.fail(context, status, _BAD_ROW)
+            return
     for m in range(n_members):
         w = member_rows[m]
         r = member_restore[m]
-        if reg[slots[m], registry.WIDTH] < dim:
-            capi.fail(context, status, _NARROW_TABLE)
-            return
-        if (m == 0 or member_rows[m - 1] != w) and not rows_in_range(
-                flat[starts[w]:ends[w]], reg[slots[m], registry.ROWS]):
-            capi.fail(context, status, _BAD_ROW)
-            return
         if not _restore_in_range(flat[starts[r]:ends[r]], ends[w] - starts[w]):
             capi.fail(context, status, _BAD_GATHER_RESTORE)
             return
@@ -300,20 +304,20 @@ def _gather_held(context, status, flat, sizes, slots, member_rows, member_restor
     at = 0
     for m in range(n_members):
         w = member_rows[m]
+        # A table's members are usually consecutive: its unique rows are read once then.
         if m == 0 or member_rows[m - 1] != w:
-            storage = numba.carray(capi.float32_pointer(reg[slots[m], registry.STORAGE]),
-                                   (reg[slots[m], registry.ROWS],
-                                    reg[slots[m], registry.WIDTH]))
+            storage = numba.carray(capi.float32_pointer(reg[part_slot[w], registry.STORAGE]),
+                                   (reg[part_slot[w], registry.ROWS],
+                                    reg[part_slot[w], registry.WIDTH]))
             gather_rows(storage, flat[starts[w]:ends[w]], dim, unique[:ends[w] - starts[w]])
         r = member_restore[m]
         at = expand_member(unique, flat[starts[r]:ends[r]], out, at)
     capi.delete_tensor(result)
     # Every row is read: the batches are released (KeyProcessor.release, taken under its
     # lock from the registry's queue).
-    for m in range(n_members):
-        w = member_rows[m]
-        if (m == 0 or member_rows[m - 1] != w) and sizes[n_parts + w] >= 0:
-            registry.push_released(slots[m], sizes[n_parts + w])
+    for w in range(n_parts):
+        if part_slot[w] >= 0 and sizes[n_parts + w] >= 0:
+            registry.push_released(part_slot[w], sizes[n_parts + w])
 
 
 _GATHER_RANKS = np.array([1, 1, 1, 1, 1, 0, 0], np.int32)
@@ -377,7 +381,8 @@ def gather_tables(flat, part_sizes, member_tables, member_rows, member_restore, 
       member_tables: int64 ``[N]``, per member its table's registry token
         (``TableEntry.token``).
       member_rows, member_restore: int64 ``[N]``, per member the part holding its table's
-        unique rows and the part holding its restore vector; a table's members consecutive.
+        unique rows and the part holding its restore vector (a table's members consecutive
+        read its rows once; apart, once per run).
       n_parts: how many parts ``flat`` holds.
       dim: the embedding width (each table's rows are at least this wide: weights first).
       name: the node's name in a graph.

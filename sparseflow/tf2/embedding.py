@@ -8,13 +8,16 @@ Per batch, in this order:
    becomes per table its unique rows, per feature each id's position among them
    (``restore``) and the example (or sequence slot) it belongs to (``segments``).
 2. :meth:`Embedding.enqueue` — remembers the processed batch.
-3. :meth:`Embedding.dequeue` — one ``tf.numpy_function`` gathers every feature's embeddings
-   (numba, from the host rows), then TF ops combine them per example (sum / mean / sqrtn) or
+3. :meth:`Embedding.dequeue` — one compiled op per embedding width gathers every feature's
+   embeddings from the host rows (``ops/batch_ops.py``; a ``tf.numpy_function`` for tables
+   under dynamic expansion), then TF ops combine them per example (sum / mean / sqrtn) or
    place them per sequence position: the activations.
 4. :meth:`Embedding.apply_gradients` — given the gradients of the loss w.r.t. the
    activations (``tape.gradient(loss, activations)``), TF ops spread each back to its ids,
-   and one ``tf.numpy_function`` sums them per unique row (features of one table together)
-   and applies the table's lazy sparse optimizer there.
+   one compiled op per width sums them per unique row (features of one table together), and
+   each table's lazy sparse optimizer applies them there (a compiled op for lazy Adam,
+   ``ops/optimizer_ops.py``; a numpy function running the numba kernel otherwise). Under
+   dynamic expansion one ``tf.numpy_function`` does both.
 
 Everything works eagerly and inside ``tf.function`` (including a ``tf.range`` loop). The rows
 are host rows updated by the same numba kernels as the Rec SDK API, so both APIs give the same
@@ -427,13 +430,52 @@ class Embedding(tf.Module):
     @_in_own_chain
     def activations(self, batch: dict, training: bool) -> list:
         """The activations of a processed batch, flat in feature order (what
-        :meth:`dequeue` returns, unstructured): one numpy gather for every feature (one
-        output per embedding width), then TF combiners."""
-        tables, features, groups = self._tables, self._features, self._dim_groups
-        n_tables = len(tables)
+        :meth:`dequeue` returns, unstructured): one gather for every feature (one output
+        per embedding width), then TF combiners."""
+        features, groups = self._features, self._dim_groups
         if self._sharding is not None:
             flats = self._sharding.embeddings(batch, training, [f.dim for f in features])
             return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
+        if self._compiled:
+            outs = self._compiled_gather(batch)
+        else:
+            outs = self._numpy_gather(batch, training)
+        flats = [None] * len(features)
+        for (dim, members), out in zip(groups, outs):
+            out = tf.ensure_shape(out, [None, dim])
+            pieces = (tf.split(out, self._feature_lengths(batch, members), num=len(members))
+                      if len(members) > 1 else [out])
+            for k, piece in zip(members, pieces):
+                flats[k] = piece
+        return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
+
+    @property
+    def _compiled(self) -> bool:
+        """Whether compiled ops gather and update (every table fixed-capacity on the host,
+        ``SparseTable.gathers_in_kernel``); else numpy functions do."""
+        return all(t.gathers_in_kernel for t in self._tables)
+
+    def _compiled_gather(self, batch: dict) -> list:
+        """One compiled op per width (``ops/batch_ops.py``): the features' embeddings in
+        feature order; it releases each table's batch through the registry."""
+        from sparseflow.ops import batch_ops   # loads the kernels: only when used
+
+        n_parts = len(self._tables) + len(self._features)
+        outs = []
+        for (dim, _), (table_of, rows_of, restore_of) in zip(self._dim_groups,
+                                                             self._gather_layouts):
+            tokens = np.asarray([self._tables[t].registry_token() for t in table_of],
+                                np.int64)
+            outs.append(batch_ops.gather_tables(batch["packed"], batch["sizes"], tokens,
+                                                rows_of, restore_of, n_parts, dim,
+                                                name="sparseflow_tf2_gather"))
+        return outs
+
+    def _numpy_gather(self, batch: dict, training: bool) -> list:
+        """One numpy function for every width (tables whose rows move: dynamic
+        expansion)."""
+        tables, features, groups = self._tables, self._features, self._dim_groups
+        n_tables = len(tables)
 
         @tf.autograph.experimental.do_not_convert
         def gather(packed, sizes):
@@ -456,14 +498,7 @@ class Embedding(tf.Module):
                                  name="sparseflow_tf2_gather")
         if not isinstance(outs, (list, tuple)):   # one output comes back bare
             outs = [outs]
-        flats = [None] * len(features)
-        for (dim, members), out in zip(groups, outs):
-            out = tf.ensure_shape(out, [None, dim])
-            pieces = (tf.split(out, self._feature_lengths(batch, members), num=len(members))
-                      if len(members) > 1 else [out])
-            for k, piece in zip(members, pieces):
-                flats[k] = piece
-        return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
+        return list(outs)
 
     def _scale(self, feature: _Feature, batch) -> tf.Tensor | None:
         """Per id, the factor its embedding enters its example's activation with (None: 1)."""
@@ -521,8 +556,8 @@ class Embedding(tf.Module):
     def update(self, batch: dict, gradients: list) -> tf.Tensor:
         """Applies ``gradients`` (flat in feature order, None allowed) of a processed
         training batch's activations (what :meth:`apply_gradients` does, unstructured):
-        TF ops give each id its gradient, one numpy function sums them per unique row and
-        runs each table's optimizer. Returns the update's output (int64), for control
+        TF ops give each id its gradient; compiled ops (one numpy function under dynamic
+        expansion) sum them per unique row and run each table's optimizer. Returns the update's output (int64), for control
         dependencies."""
         tables, features = self._tables, self._features
         n_tables = len(tables)
@@ -544,6 +579,8 @@ class Embedding(tf.Module):
             per_id.append(d if scale is None else d * tf.expand_dims(scale, 1))
         if self._sharding is not None:   # to the owners, who sum and apply them
             return self._sharding.update(batch, per_id)
+        if self._compiled:
+            return self._compiled_update(batch, per_id)
 
         # One input per feature: a numpy_function input is a zero-copy view, while
         # concatenating them in TF would copy every gradient once more.
@@ -573,6 +610,66 @@ class Embedding(tf.Module):
 
         return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],
                                  tf.int64, stateful=True, name="sparseflow_tf2_update")
+
+    def _compiled_update(self, batch: dict, per_id: list) -> tf.Tensor:
+        """The update as compiled ops: per width one gradient sum (``ops/batch_ops.py``),
+        then per optimizer its compiled update, or one numpy function running its kernel
+        where it has none."""
+        from sparseflow.ops import batch_ops   # loads the kernels: only when used
+
+        tables = self._tables
+        n_tables = len(tables)
+        n_parts = n_tables + len(self._features)
+        sizes = batch["sizes"]
+        with tf.control_dependencies([self._check_gradient_rows(sizes, per_id)]):
+            rows = tf.split(batch["packed"], sizes[:n_parts], num=n_parts)[:n_tables]
+            per_id = [tf.identity(g) for g in per_id]
+        pairs = []   # (IndexedSlices over the table's unique rows, table)
+        for dim, table_ids, members, (_, rows_of, restore_of) in self._sum_groups:
+            summed = batch_ops.sum_tables(batch["packed"], sizes, rows_of, restore_of,
+                                          n_parts, [per_id[k] for k in members],
+                                          name="sparseflow_tf2_gradient")
+            pieces = (tf.split(summed, tf.gather(sizes, table_ids), num=len(table_ids))
+                      if len(table_ids) > 1 else [summed])
+            for t, piece in zip(table_ids, pieces):
+                pairs.append((tf.IndexedSlices(piece, rows[t]), tables[t]))
+        by_optimizer = {}
+        for grad, table in pairs:
+            optimizer = table.rows.optimizer
+            by_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
+        updates = []
+        for optimizer, group in by_optimizer.values():
+            # The rows are the batch's unique keys' rows: distinct.
+            update = optimizer._compiled_update(group)   # noqa: SLF001 -- the face's own
+            if update is None:
+                update = tf.numpy_function(
+                    optimizer._make_apply([table for _, table in group], True),  # noqa: SLF001
+                    [t for grad, _ in group for t in (grad.indices, grad.values)], tf.int64,
+                    stateful=True, name="sparseflow_tf2_update")
+            updates.append(update)
+        # Computed from the updates' outputs (each its tables' count), not a constant under
+        # control dependencies, which graph optimization may drop with the updates.
+        return tf.add_n(updates) if len(updates) > 1 else updates[0]
+
+    def _check_gradient_rows(self, sizes, per_id: list) -> tf.Operation:
+        """An assertion that each feature's gradient has one row per id of its activations,
+        naming the first feature that does not (the sum's kernel would only say that some
+        gradient does not fit)."""
+        features = self._features
+        n_tables = len(self._tables)
+        got = tf.stack([tf.shape(g, out_type=tf.int64)[0] for g in per_id])
+        want = sizes[n_tables:n_tables + len(features)]
+        wrong = tf.not_equal(got, want)
+        first = tf.argmax(tf.cast(wrong, tf.int32))
+        message = tf.strings.join([
+            "Argument `gradients` for feature `",
+            tf.gather(tf.constant([f.name for f in features]), first),
+            "` must match its activations: ", tf.strings.as_string(tf.gather(want, first)),
+            " embedding rows of ",
+            tf.strings.as_string(tf.gather(tf.constant([f.dim for f in features]), first)),
+            " values reach it, got a gradient giving ",
+            tf.strings.as_string(tf.gather(got, first)), "."])
+        return tf.debugging.Assert(tf.logical_not(tf.reduce_any(wrong)), [message])
 
     # -- checkpoints (tf.train.Checkpoint) -----------------------------------------------
 
