@@ -9,15 +9,13 @@ Per batch, in this order:
    (``restore``) and the example (or sequence slot) it belongs to (``segments``).
 2. :meth:`Embedding.enqueue` — remembers the processed batch.
 3. :meth:`Embedding.dequeue` — one compiled op per embedding width gathers every feature's
-   embeddings from the host rows (``ops/batch_ops.py``; a ``tf.numpy_function`` for tables
-   under dynamic expansion), then TF ops combine them per example (sum / mean / sqrtn) or
+   embeddings from the host rows (``ops/batch_ops.py``), then TF ops combine them per example (sum / mean / sqrtn) or
    place them per sequence position: the activations.
 4. :meth:`Embedding.apply_gradients` — given the gradients of the loss w.r.t. the
    activations (``tape.gradient(loss, activations)``), TF ops spread each back to its ids,
    one compiled op per width sums them per unique row (features of one table together), and
    each table's lazy sparse optimizer applies them there (a compiled op for lazy Adam,
-   ``ops/optimizer_ops.py``; a numpy function running the numba kernel otherwise). Under
-   dynamic expansion one ``tf.numpy_function`` does both.
+   ``ops/optimizer_ops.py``; a numpy function running the numba kernel otherwise).
 
 Everything works eagerly and inside ``tf.function`` (including a ``tf.range`` loop). The rows
 are host rows updated by the same numba kernels as the Rec SDK API, so both APIs give the same
@@ -35,9 +33,6 @@ import tensorflow as tf
 from sparseflow import tensor_buffers
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed import op_chains
-from sparseflow.embed.host_rows import pinned_storages
-from sparseflow.ops import batch_kernels as bk
-from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.row_sums import sum_rows_by_index
@@ -284,12 +279,6 @@ class Embedding(tf.Module):
                 out[f"n_segments/{f.name}"] = n_segments
         return out
 
-    def _bounds(self, sizes: np.ndarray):
-        """Start and end of each part of a packed batch (tables' rows, features' restores)."""
-        n = len(self._tables) + len(self._features)
-        ends = np.cumsum(sizes[:n])
-        return ends - sizes[:n], ends
-
     def _feature_lengths(self, batch, members) -> tf.Tensor:
         """The ids of each of ``members`` (feature indices) in a packed batch."""
         n_tables = len(self._tables)
@@ -436,10 +425,7 @@ class Embedding(tf.Module):
         if self._sharding is not None:
             flats = self._sharding.embeddings(batch, training, [f.dim for f in features])
             return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
-        if self._compiled:
-            outs = self._compiled_gather(batch)
-        else:
-            outs = self._numpy_gather(batch, training)
+        outs = self._gather(batch)
         flats = [None] * len(features)
         for (dim, members), out in zip(groups, outs):
             out = tf.ensure_shape(out, [None, dim])
@@ -449,13 +435,7 @@ class Embedding(tf.Module):
                 flats[k] = piece
         return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
 
-    @property
-    def _compiled(self) -> bool:
-        """Whether compiled ops gather and update (every table fixed-capacity on the host,
-        ``SparseTable.gathers_in_kernel``); else numpy functions do."""
-        return all(t.gathers_in_kernel for t in self._tables)
-
-    def _compiled_gather(self, batch: dict) -> list:
+    def _gather(self, batch: dict) -> list:
         """One compiled op per width (``ops/batch_ops.py``): the features' embeddings in
         feature order; it releases each table's batch through the registry."""
         from sparseflow.ops import batch_ops   # loads the kernels: only when used
@@ -470,35 +450,6 @@ class Embedding(tf.Module):
                                                 rows_of, restore_of, n_parts, dim,
                                                 name="sparseflow_tf2_gather"))
         return outs
-
-    def _numpy_gather(self, batch: dict, training: bool) -> list:
-        """One numpy function for every width (tables whose rows move: dynamic
-        expansion)."""
-        tables, features, groups = self._tables, self._features, self._dim_groups
-        n_tables = len(tables)
-
-        @tf.autograph.experimental.do_not_convert
-        def gather(packed, sizes):
-            starts, ends = self._bounds(sizes)
-            outs = []
-            with pinned_storages([table.rows for table in tables]) as storages:
-                for (dim, members), layout in zip(groups, self._gather_layouts):
-                    out = tensor_buffers.empty(
-                        (int(sum(sizes[n_tables + k] for k in members)), dim), np.float32)
-                    bk.expand_tables(storages, packed, starts, ends, *layout, dim, out)
-                    outs.append(out)
-            for t, table in enumerate(tables):
-                # Read. With training, evicted rows are freed after the update.
-                table.release_batch(int(sizes[n_tables + len(features) + t]),
-                                    drain=not training)
-            return outs
-
-        outs = tf.numpy_function(gather, [batch["packed"], batch["sizes"]],
-                                 [tf.float32] * len(groups), stateful=True,
-                                 name="sparseflow_tf2_gather")
-        if not isinstance(outs, (list, tuple)):   # one output comes back bare
-            outs = [outs]
-        return list(outs)
 
     def _scale(self, feature: _Feature, batch) -> tf.Tensor | None:
         """Per id, the factor its embedding enters its example's activation with (None: 1)."""
@@ -556,9 +507,8 @@ class Embedding(tf.Module):
     def update(self, batch: dict, gradients: list) -> tf.Tensor:
         """Applies ``gradients`` (flat in feature order, None allowed) of a processed
         training batch's activations (what :meth:`apply_gradients` does, unstructured):
-        TF ops give each id its gradient; compiled ops (one numpy function under dynamic
-        expansion) sum them per unique row and run each table's optimizer. Returns the update's output (int64), for control
-        dependencies."""
+        TF ops give each id its gradient; compiled ops sum them per unique row and run each
+        table's optimizer. Returns the update's output (int64), for control dependencies."""
         tables, features = self._tables, self._features
         n_tables = len(tables)
         per_id = []
@@ -579,39 +529,9 @@ class Embedding(tf.Module):
             per_id.append(d if scale is None else d * tf.expand_dims(scale, 1))
         if self._sharding is not None:   # to the owners, who sum and apply them
             return self._sharding.update(batch, per_id)
-        if self._compiled:
-            return self._compiled_update(batch, per_id)
+        return self._update_ops(batch, per_id)
 
-        # One input per feature: a numpy_function input is a zero-copy view, while
-        # concatenating them in TF would copy every gradient once more.
-        @tf.autograph.experimental.do_not_convert
-        def update(packed, sizes, *grads):
-            starts, ends = self._bounds(sizes)
-            for k, feature in enumerate(features):
-                n_ids = ends[n_tables + k] - starts[n_tables + k]
-                if grads[k].shape[0] != n_ids:  # the kernel does not check
-                    raise ValueError(
-                        f"Argument `gradients` for feature `{feature.name}` must "
-                        f"match its activations: {n_ids} embedding rows of "
-                        f"{feature.dim} values reach it, got a gradient giving "
-                        f"{grads[k].shape[0]}.")
-            for dim, table_ids, members, (_, rows_of, restore_of) in self._sum_groups:
-                summed = tensor_buffers.zeros((int(sum(sizes[t] for t in table_ids)), dim),
-                                              np.float32)
-                bk.sum_tables(bk.as_tuple(np.asarray(grads[k], np.float32) for k in members),
-                              packed, starts, ends, rows_of, restore_of, summed)
-                # The rows are the batch's unique keys' rows: distinct.
-                at = np.cumsum([0] + [int(sizes[t]) for t in table_ids])
-                apply_by_optimizer([tables[t] for t in table_ids],
-                                   [packed[starts[t]:ends[t]] for t in table_ids],
-                                   [summed[at[i]:at[i + 1]] for i in range(len(table_ids))],
-                                   unique=True)
-            return np.int64(n_tables)
-
-        return tf.numpy_function(update, [batch["packed"], batch["sizes"], *per_id],
-                                 tf.int64, stateful=True, name="sparseflow_tf2_update")
-
-    def _compiled_update(self, batch: dict, per_id: list) -> tf.Tensor:
+    def _update_ops(self, batch: dict, per_id: list) -> tf.Tensor:
         """The update as compiled ops: per width one gradient sum (``ops/batch_ops.py``),
         then per optimizer its compiled update, or one numpy function running its kernel
         where it has none."""
