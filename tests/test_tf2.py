@@ -68,16 +68,9 @@ def _tf2_embedding(optimizer, threshold, combiner="sum"):
     return tf2.Embedding(features, OPTIMIZERS[optimizer][1]()), (t1, t2)
 
 
-def _tf2_losses(data, optimizer, threshold, in_dataset):
-    embedding, (t1, t2) = _tf2_embedding(optimizer, threshold)
-    w = tf.Variable(_w0())
-    ds = tf.data.Dataset.from_tensor_slices(data).batch(B, drop_remainder=True)
-    if in_dataset:   # key processing in the tf.data pipeline
-        ds = ds.map(lambda x: (embedding.preprocess(
-            {k: x[k] for k in ("f1", "f2", "f3")}), x["label"]))
-    else:
-        ds = ds.map(lambda x: ({k: x[k] for k in ("f1", "f2", "f3")}, x["label"]))
-
+def _train_step(embedding, w):
+    """One training step of the three features' embeddings and the linear tower ``w``, as a
+    ``tf.function``: the sparse update through the Embedding, plain SGD on ``w``."""
     @tf.function(reduce_retracing=True)   # batches differ in unique rows: one trace
     def step(features, label):
         embedding.enqueue(features, training=True)
@@ -93,6 +86,20 @@ def _tf2_losses(data, optimizer, threshold, in_dataset):
         w.assign_sub(LR_DENSE * g_w)
         return loss
 
+    return step
+
+
+def _tf2_losses(data, optimizer, threshold, in_dataset):
+    embedding, (t1, t2) = _tf2_embedding(optimizer, threshold)
+    w = tf.Variable(_w0())
+    ds = tf.data.Dataset.from_tensor_slices(data).batch(B, drop_remainder=True)
+    if in_dataset:   # key processing in the tf.data pipeline
+        ds = ds.map(lambda x: (embedding.preprocess(
+            {k: x[k] for k in ("f1", "f2", "f3")}), x["label"]))
+    else:
+        ds = ds.map(lambda x: ({k: x[k] for k in ("f1", "f2", "f3")}, x["label"]))
+
+    step = _train_step(embedding, w)
     losses = [float(step(f, l)) for f, l in ds]
     exported = {"t1": embedding.tables[t1].export(), "t2": embedding.tables[t2].export()}
     return np.array(losses), exported
@@ -120,18 +127,7 @@ def test_the_tf2_step_gathers_sums_and_updates_in_compiled_ops(optimizer, update
     w = tf.Variable(_w0())
     data = two_table_data(1, B, V1, V2)
     features = {k: tf.constant(data[k]) for k in ("f1", "f2", "f3")}
-
-    @tf.function
-    def step(features, label):
-        embedding.enqueue(features, training=True)
-        with tf.GradientTape() as tape:
-            activations = embedding.dequeue()
-            tape.watch(activations)
-            x = tf.concat([activations[k] for k in ("f1", "f2", "f3")], 1)
-            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - label[:, None]))
-        embedding.apply_gradients(tape.gradient(loss, activations))
-        return loss
-
+    step = _train_step(embedding, w)
     label = tf.constant(data["label"])
     ops = step.get_concrete_function(features, label).graph.get_operations()
     by_type = {}

@@ -189,21 +189,16 @@ def _sum_tables_kernel(kernel, context):
     # member_restore int64 [N], n_parts int64 [], grads N x float32 [keys, dim].
     status = capi.new_status()
     scratch = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 5, scratch, status)
-    if not got:
-        capi.kernel_failure(context, status)
-    elif not capi.ranks_are(handles, _SUM_RANKS):
-        capi.fail(context, status, _BAD_LAYOUT)
-    else:
-        # An exception must still fail the op and free the handles below: numba would
-        # print it and return with no output set. (The frame is written out in each
-        # kernel: passing the body as a function argument made numba refuse to cache it.)
+    handles, ok = capi.open_inputs(context, _SUM_RANKS, _BAD_LAYOUT, scratch, status)
+    if ok:
+        # An exception must still fail the op and free the handles: numba would print it
+        # and return with no output set. (Written out per kernel: passing the body as a
+        # function argument made numba refuse to cache the cfunc.)
         try:
             _sum_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _KERNEL_ERROR)
-    capi.delete_handles(handles)
-    capi.delete_status(status)
+    capi.close_inputs(handles, status)
 
 
 # -- the gather ------------------------------------------------------------------------------
@@ -337,21 +332,16 @@ def _gather_tables_kernel(kernel, context):
     # [N], member_rows int64 [N], member_restore int64 [N], n_parts int64 [], dim int64 [].
     status = capi.new_status()
     scratch = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 7, scratch, status)
-    if not got:
-        capi.kernel_failure(context, status)
-    elif not capi.ranks_are(handles, _GATHER_RANKS):
-        capi.fail(context, status, _BAD_GATHER_LAYOUT)
-    else:
-        # An exception must still fail the op and free the handles below: numba would
-        # print it and return with no output set. (The frame is written out in each
-        # kernel: passing the body as a function argument made numba refuse to cache it.)
+    handles, ok = capi.open_inputs(context, _GATHER_RANKS, _BAD_GATHER_LAYOUT, scratch, status)
+    if ok:
+        # An exception must still fail the op and free the handles: numba would print it
+        # and return with no output set. (Written out per kernel: passing the body as a
+        # function argument made numba refuse to cache the cfunc.)
         try:
             _gather_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _GATHER_KERNEL_ERROR)
-    capi.delete_handles(handles)
-    capi.delete_status(status)
+    capi.close_inputs(handles, status)
 
 
 def _register() -> None:

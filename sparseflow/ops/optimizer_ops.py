@@ -148,21 +148,16 @@ def _lazy_adam_tables_kernel(kernel, context):
     # [U, dim].
     status = capi.new_status()
     scratch = np.zeros(1, np.uint64)
-    handles, got = capi.input_handles(context, 2, scratch, status)
-    if not got:
-        capi.kernel_failure(context, status)
-    elif not capi.ranks_are(handles, _RANKS):
-        capi.fail(context, status, _BAD_LAYOUT)
-    else:
-        # An exception must still fail the op and free the handles below: numba would
-        # print it and return with no output set. (The frame is written out in each
-        # kernel: passing the body as a function argument made numba refuse to cache it.)
+    handles, ok = capi.open_inputs(context, _RANKS, _BAD_LAYOUT, scratch, status)
+    if ok:
+        # An exception must still fail the op and free the handles: numba would print it
+        # and return with no output set. (Written out per kernel: passing the body as a
+        # function argument made numba refuse to cache the cfunc.)
         try:
             _update_body(context, status, scratch, handles)
         except Exception:  # noqa: BLE001
             capi.fail(context, status, _KERNEL_ERROR)
-    capi.delete_handles(handles)
-    capi.delete_status(status)
+    capi.close_inputs(handles, status)
 
 
 def _register() -> None:

@@ -184,6 +184,29 @@ def input_handles(context, n, scratch, status):
 
 
 @numba.njit(nogil=True, cache=True)
+def open_inputs(context, ranks, bad_inputs, scratch, status):
+    """A kernel's first step: the handles of inputs ``[0, len(ranks))`` and whether its body
+    may run; it may not (the op then failed) when TF refused an input or input ``k``'s rank
+    is not ``ranks[k]`` (``bad_inputs``, a :func:`message_bytes` message). Close with
+    :func:`close_inputs`."""
+    handles, got = input_handles(context, ranks.shape[0], scratch, status)
+    if not got:
+        kernel_failure(context, status)
+        return handles, False
+    if not ranks_are(handles, ranks):
+        fail(context, status, bad_inputs)
+        return handles, False
+    return handles, True
+
+
+@numba.njit(nogil=True, cache=True)
+def close_inputs(handles, status):
+    """A kernel's last step: frees the handles :func:`open_inputs` took and the status."""
+    delete_handles(handles)
+    delete_status(status)
+
+
+@numba.njit(nogil=True, cache=True)
 def ranks_are(handles, ranks):
     """Whether input ``k``'s rank is ``ranks[k]`` for every k of ``ranks``."""
     for k in range(ranks.shape[0]):
