@@ -120,19 +120,61 @@ def test_local_rank_threads_splits_the_cpus_and_leaves_what_is_set():
         both, "4")   # empty is unset
 
 
+def test_local_rank_cpus_gives_each_rank_its_own_block():
+    from sparseflow.distributed.cluster import local_rank_cpus
+
+    assert [local_rank_cpus(2, r, {}, cpus=[0, 1]) for r in (0, 1)] == [[0], [1]]
+    assert [local_rank_cpus(2, r, {}, cpus=[4, 5, 6, 7, 8]) for r in (0, 1)] == [[4, 5],
+                                                                                 [6, 7]]
+    assert [local_rank_cpus(3, r, {}, cpus=list(range(16))) for r in range(3)] == [
+        [0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]
+    assert local_rank_cpus(1, 0, {}, cpus=[0, 1]) is None       # alone: every CPU
+    assert local_rank_cpus(8, 3, {}, cpus=[0, 1]) is None       # more ranks than CPUs
+    for off in ("0", "false", "No", " off "):
+        assert local_rank_cpus(2, 0, {"SPARSEFLOW_BIND_CPUS": off}, cpus=[0, 1]) is None
+    assert local_rank_cpus(2, 1, {"SPARSEFLOW_BIND_CPUS": "1"}, cpus=[0, 1]) == [1]
+
+
+def test_each_rank_is_bound_to_its_own_cpus_unless_turned_off(tmp_path):
+    """Two ranks on a machine with at least 2 CPUs run on disjoint blocks of them (a rank
+    that waits in a collective does not migrate onto its peer's core); SPARSEFLOW_BIND_CPUS=0
+    leaves both on every CPU."""
+    body = """
+        import os
+        print(sorted(os.sched_getaffinity(0)))
+        """
+    mine = sorted(os.sched_getaffinity(0))
+    done = launch(tmp_path, body)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("] ", 1) for line in done.stdout.splitlines())
+    if len(mine) >= 2:
+        share = len(mine) // 2
+        assert seen == {"[rank 0": str(mine[:share]), "[rank 1": str(mine[share:2 * share])}
+    else:
+        assert seen == {"[rank 0": str(mine), "[rank 1": str(mine)}
+    script = tmp_path / "script.py"
+    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", "2", str(script)],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+                          env=dict(ENV, SPARSEFLOW_BIND_CPUS="0"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"[rank {r}] {mine}" for r in (0, 1)]
+
+
 def test_train_workers_get_their_share_of_the_cpus(monkeypatch, tmp_path):
-    """``sparseflow train --workers N`` starts its workers with the same pool sizes."""
+    """``sparseflow train --workers N`` starts its workers with the same pool sizes, each
+    bound to its block of CPUs where there are enough of them."""
     import io
 
     from sparseflow.distributed import launch as launcher
 
-    started = []
+    started, binds = [], []
 
     class Finished:
         returncode = 0
 
-        def __init__(self, argv, env, **_):
+        def __init__(self, argv, env, preexec_fn=None, **_):
             started.append(env)
+            binds.append(preexec_fn)
 
         def poll(self):
             return 0
@@ -150,3 +192,5 @@ def test_train_workers_get_their_share_of_the_cpus(monkeypatch, tmp_path):
     share = str(max(1, len(os.sched_getaffinity(0)) // 3))
     assert [(e["TF_NUM_INTRAOP_THREADS"], e["TF_NUM_INTEROP_THREADS"]) for e in started] == [
         (share, share)] * 3
+    bound = len(os.sched_getaffinity(0)) >= 3
+    assert [fn is not None for fn in binds] == [bound] * 3

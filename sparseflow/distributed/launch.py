@@ -23,8 +23,8 @@ import subprocess
 import sys
 import time
 
-from sparseflow.distributed.cluster import (EXIT_ADDRESS_IN_USE, local_rank_threads,
-                                           local_tf_config)
+from sparseflow.distributed.cluster import (EXIT_ADDRESS_IN_USE, bind_to, local_rank_cpus,
+                                           local_rank_threads, local_tf_config)
 
 WORKER_LOG_DIR = "workers"
 PORT_ATTEMPTS = 3
@@ -131,7 +131,9 @@ def _run(argv: list[str], ports: list[int], log_dir: str, grace_seconds: float,
                 logs.append(out)
             procs.append(subprocess.Popen([sys.executable, "-m", "sparseflow", *argv],
                                           env=env, stdout=out,
-                                          stderr=subprocess.STDOUT if out else None))
+                                          stderr=subprocess.STDOUT if out else None,
+                                          preexec_fn=bind_to(local_rank_cpus(workers,
+                                                                             index))))
         print(f"sparseflow: started {workers} workers on localhost ports "
               f"{', '.join(map(str, ports))}; logs of workers 1.. in {log_dir}", file=stream,
               flush=True)

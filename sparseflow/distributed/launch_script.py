@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 
-from sparseflow.distributed.cluster import local_rank_threads, local_tf_config
+from sparseflow.distributed.cluster import (bind_to, local_rank_cpus, local_rank_threads,
+                                           local_tf_config)
 from sparseflow.distributed.launch import _status, reserve_ports, watch
 
 RANK_VARIABLE, WORLD_VARIABLE = "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"
@@ -72,7 +73,8 @@ def launch_script(command: list[str], ranks: int, grace_seconds: float = 30.0,
                        **{RANK_VARIABLE: str(rank), WORLD_VARIABLE: str(ranks)})
             proc = subprocess.Popen([sys.executable, *command], env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    bufsize=1)
+                                    bufsize=1,
+                                    preexec_fn=bind_to(local_rank_cpus(ranks, rank)))
             procs.append(proc)
             pump = threading.Thread(target=_pump, args=(rank, proc.stdout, stream, lock),
                                     daemon=True)
