@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from sparseflow.ops.optimizer_kernels import apply_lazy_adam, apply_lazy_adam_tables
 from sparseflow.optimizers.base import SparseOptimizer
 from sparseflow.optimizers.hparams import lazy_adam_hparams
@@ -30,13 +32,19 @@ class LazyAdam(SparseOptimizer):
 
     def _compiled_update(self, pairs):
         from sparseflow.ops import optimizer_ops  # loads the op's kernel: only when used
+        from sparseflow.ops.op_shards import op_shards
 
         h = self.hparams
-        return optimizer_ops.lazy_adam_tables(
-            [self._registry_token(table) for _, table in pairs],
-            [grad.indices for grad, _ in pairs], [grad.values for grad, _ in pairs],
-            learning_rate=h["learning_rate"], beta1=h["beta1"], beta2=h["beta2"],
-            epsilon=h["epsilon"], name="sparseflow_update")
+        # The tables split over a few ops that TensorFlow runs side by side, as the gather's.
+        updates = []
+        for run in op_shards([1] * len(pairs)):
+            shard = [pairs[i] for i in run]
+            updates.append(optimizer_ops.lazy_adam_tables(
+                [self._registry_token(table) for _, table in shard],
+                [grad.indices for grad, _ in shard], [grad.values for grad, _ in shard],
+                learning_rate=h["learning_rate"], beta1=h["beta1"], beta2=h["beta2"],
+                epsilon=h["epsilon"], name="sparseflow_update"))
+        return tf.add_n(updates)
 
     def _update_tables(self, storages, rows, grads, steps):
         h = self.hparams

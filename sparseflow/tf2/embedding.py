@@ -33,6 +33,7 @@ import tensorflow as tf
 from sparseflow import tensor_buffers
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed import op_chains
+from sparseflow.ops.op_shards import op_shards
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.row_sums import sum_rows_by_index
@@ -129,9 +130,17 @@ class Embedding(tf.Module):
             self._features.append(_Feature(f, f.name or f"feature_{i}", self._tables[t], t))
         self._by_table = [[k for k, f in enumerate(self._features) if f.table_index == t]
                           for t in range(len(self._tables))]
-        # Features by embedding width: one gather output and one gradient input per width.
-        self._dim_groups = [(dim, [k for k, f in enumerate(self._features) if f.dim == dim])
-                            for dim in sorted({f.dim for f in self._features})]
+        # Features by embedding width, each width's tables split over a few ops that
+        # TensorFlow runs side by side (ops/op_shards.py; a table in one op only: the op
+        # releases its batch): one gather output per op, features in feature order.
+        self._dim_groups = []
+        for dim in sorted({f.dim for f in self._features}):
+            members = [k for k, f in enumerate(self._features) if f.dim == dim]
+            order = list(dict.fromkeys(self._features[k].table_index for k in members))
+            for run in op_shards([len(self._by_table[t]) for t in order]):
+                chosen = {order[i] for i in run}
+                self._dim_groups.append(
+                    (dim, [k for k in members if self._features[k].table_index in chosen]))
         # The batch kernels' members (``ops/batch_kernels.py``): the gather's in feature
         # order per width; the gradient sum's by table, per width.
         n_tables = len(self._tables)
@@ -140,10 +149,12 @@ class Embedding(tf.Module):
                                 for _, members in self._dim_groups]
         self._sum_groups = []
         for dim in sorted({t.dim for t in self._tables}):
-            table_ids = [t for t, table in enumerate(self._tables) if table.dim == dim]
-            features = [k for t in table_ids for k in self._by_table[t]]
-            self._sum_groups.append((dim, table_ids, features, _layout(
-                [(self._features[k].table_index, n_tables + k) for k in features])))
+            same_width = [t for t, table in enumerate(self._tables) if table.dim == dim]
+            for run in op_shards([max(1, len(self._by_table[t])) for t in same_width]):
+                table_ids = [same_width[i] for i in run]
+                features = [k for t in table_ids for k in self._by_table[t]]
+                self._sum_groups.append((dim, table_ids, features, _layout(
+                    [(self._features[k].table_index, n_tables + k) for k in features])))
         names = [f.name for f in self._features]
         if len(set(names)) != len(names):
             fail("feature_config", "features with distinct names", names)
