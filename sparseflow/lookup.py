@@ -457,8 +457,9 @@ def _batch_embeddings(batch: dict, plan) -> dict:
     spec ``unique_name``, for the tables of ``plan`` that exist when the batch's first lookup
     is built (a table created later is looked up on its own).
 
-    One compiled op per width (``ops/batch_ops.py``) gathers every table's unique rows and
-    expands them by each spec's restore vector; its gradient, one compiled op per width too,
+    Compiled ops (``ops/batch_ops.py``; per width, its tables split over one op per core,
+    ``ops/op_shards.py``) gather every table's unique rows and expand them by each spec's
+    restore vector; their gradient, compiled ops split the same way,
     sums each key's gradient into its unique row by the same restore vector, handing each
     table an ``IndexedSlices`` over its unique rows. With 26 tables, a numpy function per
     table plus the TF ops that expand and segment-sum per feature cost more than the work

@@ -8,12 +8,13 @@ Per batch, in this order:
    becomes per table its unique rows, per feature each id's position among them
    (``restore``) and the example (or sequence slot) it belongs to (``segments``).
 2. :meth:`Embedding.enqueue` — remembers the processed batch.
-3. :meth:`Embedding.dequeue` — one compiled op per embedding width gathers every feature's
-   embeddings from the host rows (``ops/batch_ops.py``), then TF ops combine them per example (sum / mean / sqrtn) or
+3. :meth:`Embedding.dequeue` — compiled ops (per embedding width, its tables split over
+   one op per core: ``ops/op_shards.py``) gather every feature's embeddings from the host
+   rows (``ops/batch_ops.py``), then TF ops combine them per example (sum / mean / sqrtn) or
    place them per sequence position: the activations.
 4. :meth:`Embedding.apply_gradients` — given the gradients of the loss w.r.t. the
    activations (``tape.gradient(loss, activations)``), TF ops spread each back to its ids,
-   one compiled op per width sums them per unique row (features of one table together), and
+   compiled ops split the same way sum them per unique row (features of one table together), and
    each table's lazy sparse optimizer applies them there (a compiled op for lazy Adam,
    ``ops/optimizer_ops.py``; a numpy function running the numba kernel otherwise).
 
@@ -142,7 +143,7 @@ class Embedding(tf.Module):
                 self._dim_groups.append(
                     (dim, [k for k in members if self._features[k].table_index in chosen]))
         # The batch kernels' members (``ops/batch_kernels.py``): the gather's in feature
-        # order per width; the gradient sum's by table, per width.
+        # order per op; the gradient sum's by table, per op.
         n_tables = len(self._tables)
         self._gather_layouts = [_layout([(self._features[k].table_index, n_tables + k)
                                          for k in members])
@@ -447,7 +448,7 @@ class Embedding(tf.Module):
         return [self._combine(f, flat, batch) for f, flat in zip(features, flats)]
 
     def _gather(self, batch: dict) -> list:
-        """One compiled op per width (``ops/batch_ops.py``): the features' embeddings in
+        """One compiled op per width and shard (``ops/batch_ops.py``): the features' embeddings in
         feature order; it releases each table's batch through the registry."""
         from sparseflow.ops import batch_ops   # loads the kernels: only when used
 
@@ -543,7 +544,7 @@ class Embedding(tf.Module):
         return self._update_ops(batch, per_id)
 
     def _update_ops(self, batch: dict, per_id: list) -> tf.Tensor:
-        """The update as compiled ops: per width one gradient sum (``ops/batch_ops.py``),
+        """The update as compiled ops: per width and shard one gradient sum (``ops/batch_ops.py``),
         then per optimizer its compiled update, or one numpy function running its kernel
         where it has none."""
         from sparseflow.ops import batch_ops   # loads the kernels: only when used
