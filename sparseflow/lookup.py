@@ -489,9 +489,9 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     from sparseflow.ops import batch_ops
 
     # Per distinct dim and shard, one output: (dim, [(table, its rows' part, [(spec, its
-    # restore part)])]).
-    # A width's tables are split over a few ops (ops/op_shards.py), which TensorFlow runs
-    # side by side: one op read (and summed, and updated) every table on one core.
+    # restore part)])]). A width's tables are split over a few ops (ops/op_shards.py) that
+    # TensorFlow runs side by side: one op read (and summed, and updated) every table on one
+    # core.
     groups = []
     for dim in sorted({t.dim for t in tables}):
         members = [(t, plan.part_index(t.table_name),

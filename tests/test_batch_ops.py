@@ -169,15 +169,21 @@ def test_the_session_gradient_sum_runs_after_the_gather(sf_init):
                      for s in specs])
     tf.gradients(loss, list(tables.values()))
     graph = tf.compat.v1.get_default_graph()
-    (gather,) = [op for op in graph.get_operations() if op.name.endswith("sparseflow_gather")]
-    (summed,) = [op for op in graph.get_operations() if op.type == batch_ops.SUM_TABLES]
-    seen, stack = set(), [summed]
-    while stack:
-        op = stack.pop()
-        for upstream in [t.op for t in op.inputs] + list(op.control_inputs):
-            if upstream.name not in seen:
-                seen.add(upstream.name)
-                stack.append(upstream)
-    assert gather.name in seen
-    # The path runs through the op's own batch input, not a constant Grappler may fold.
-    assert gather in summed.inputs[0].op.control_inputs
+    # The tables may be split over several ops (ops/op_shards.py): every sum waits for
+    # every gather.
+    gathers = [op for op in graph.get_operations() if op.type == batch_ops.GATHER_TABLES]
+    sums = [op for op in graph.get_operations() if op.type == batch_ops.SUM_TABLES]
+    assert gathers and len(sums) == len(gathers)
+    for summed in sums:
+        seen, stack = set(), [summed]
+        while stack:
+            op = stack.pop()
+            for upstream in [t.op for t in op.inputs] + list(op.control_inputs):
+                if upstream.name not in seen:
+                    seen.add(upstream.name)
+                    stack.append(upstream)
+        for gather in gathers:
+            assert gather.name in seen
+            # The path runs through the op's own batch input, not a constant Grappler may
+            # fold.
+            assert gather in summed.inputs[0].op.control_inputs

@@ -1,7 +1,7 @@
 """How many compiled ops a batch's tables are split over: each op runs on one of
 TensorFlow's inter-op threads, so the shards of one step's gather, gradient sum and update run
 side by side instead of one op reading every table on one core (e2e Session step, 4
-interleaved rounds: 41.0 -> 38.4 ms median, BENCHMARKS.md)."""
+interleaved rounds: 41.0 -> 38.4 ms median, docs/design-notes.md)."""
 
 from __future__ import annotations
 

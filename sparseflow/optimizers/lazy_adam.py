@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparseflow.ops.op_shards import op_shards
 from sparseflow.ops.optimizer_kernels import apply_lazy_adam, apply_lazy_adam_tables
 from sparseflow.optimizers.base import SparseOptimizer
 from sparseflow.optimizers.hparams import lazy_adam_hparams
@@ -32,7 +33,6 @@ class LazyAdam(SparseOptimizer):
 
     def _compiled_update(self, pairs):
         from sparseflow.ops import optimizer_ops  # loads the op's kernel: only when used
-        from sparseflow.ops.op_shards import op_shards
 
         h = self.hparams
         # The tables split over a few ops that TensorFlow runs side by side, as the gather's.
