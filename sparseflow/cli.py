@@ -59,8 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="a checkpoint prefix or a directory holding checkpoints")
     export.add_argument("--out", required=True, help="the SavedModel directory (new or empty)")
     launch_help = ("Run a Python script as N local processes (ranks), like torchrun: each gets "
-                   "SPARSEFLOW_RANK, SPARSEFLOW_WORLD_SIZE and a TF_CONFIG on loopback; output "
-                   "is prefixed by rank; when one fails the others are ended.")
+                   "SPARSEFLOW_RANK, SPARSEFLOW_WORLD_SIZE and a TF_CONFIG on loopback, and "
+                   "its share of the CPUs (bound to them; SPARSEFLOW_BIND_CPUS=0 leaves every "
+                   "rank on every CPU); output is prefixed by rank; when one fails the others "
+                   "are ended.")
     launch = commands.add_parser("launch", help=launch_help, description=launch_help)
     launch.add_argument("-n", "--ranks", type=int, required=True, metavar="N",
                         help="how many processes")
