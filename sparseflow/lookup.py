@@ -32,7 +32,7 @@ import tensorflow as tf
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
-from sparseflow.ops.op_shards import op_shards
+from sparseflow.ops.op_shards import width_shards
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.pipeline.insert_func import (batch_parts, batch_plan, batch_restore, batch_rows,
                                              batch_seq)
@@ -492,13 +492,11 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
     # restore part)])]). A width's tables are split over a few ops (ops/op_shards.py) that
     # TensorFlow runs side by side: one op read (and summed, and updated) every table on one
     # core.
-    groups = []
-    for dim in sorted({t.dim for t in tables}):
-        members = [(t, plan.part_index(t.table_name),
-                    [(s, plan.part_index(t.table_name, s)) for s in plan.tables[t.table_name]])
-                   for t in tables if t.dim == dim]
-        for run in op_shards([len(specs) for _, _, specs in members]):
-            groups.append((dim, [members[i] for i in run]))
+    members = [(t, plan.part_index(t.table_name),
+                [(s, plan.part_index(t.table_name, s)) for s in plan.tables[t.table_name]])
+               for t in tables]
+    groups = [(dim, [members[i] for i in run]) for dim, run in width_shards(
+        [t.dim for t in tables], [len(plan.tables[t.table_name]) for t in tables])]
     n_parts = plan.n_parts
     # Per group, each member's table token and parts, in output order: a table's specs are
     # consecutive, so the kernel reads its unique rows once.

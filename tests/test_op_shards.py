@@ -34,6 +34,15 @@ def test_op_shards_cover_the_members_in_order_by_weight(weights, cpus, runs):
     assert [i for r in got for i in r] == list(range(len(weights)))
 
 
+def test_width_shards_split_each_width_on_its_own(monkeypatch):
+    dims, weights = [8, 4, 8, 8, 4], [1, 1, 1, 1, 3]
+    monkeypatch.setattr(op_shards, "available_cpus", lambda: 2)
+    assert op_shards.width_shards(dims, weights) == [(4, [1]), (4, [4]), (8, [0]),
+                                                     (8, [2, 3])]
+    monkeypatch.setattr(op_shards, "available_cpus", lambda: 1)
+    assert op_shards.width_shards(dims, weights) == [(4, [1, 4]), (8, [0, 2, 3])]
+
+
 def _data(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     data = {f"f{i}": int_keys(rng, VOCAB, (B * STEPS, 3)) for i in range(len(TABLES))}

@@ -90,6 +90,14 @@ def local_tf_config(ports: list[int], index: int) -> str:
                        "task": {"type": "worker", "index": index}})
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, ascending: its affinity where the platform has one
+    (under ``sparseflow launch``, the rank's block), else every CPU."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 # TensorFlow sizes its thread pools from these when a session or context leaves them 0.
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
@@ -113,8 +121,7 @@ def local_rank_threads(local_ranks: int, environ=None, cpus: int | None = None) 
     """
     environ = os.environ if environ is None else environ
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+        cpus = len(usable_cpus())
     share = str(max(1, cpus // max(1, local_ranks)))
     return {name: share for name in THREAD_VARIABLES if not environ.get(name, "").strip()}
 
@@ -148,9 +155,9 @@ def local_rank_cpus(local_ranks: int, rank: int, environ=None,
     if environ.get(BIND_VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
         return None
     if cpus is None:
-        if not hasattr(os, "sched_getaffinity"):
+        if not hasattr(os, "sched_setaffinity"):
             return None
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = usable_cpus()
     if local_ranks <= 1 or local_ranks > len(cpus):
         return None
     share = len(cpus) // local_ranks

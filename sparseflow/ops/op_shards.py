@@ -5,18 +5,15 @@ interleaved rounds: 41.0 -> 38.4 ms median, docs/design-notes.md)."""
 
 from __future__ import annotations
 
-import os
+from sparseflow.distributed.cluster import usable_cpus
 
 # At most this many ops: more than the cores only add their per-op cost.
 MAX_OP_SHARDS = 4
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity: one block of them under
-    ``sparseflow launch``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """How many CPUs this process may run on (``cluster.usable_cpus``)."""
+    return len(usable_cpus())
 
 
 def op_shards(weights: list, cpus: int | None = None) -> list[range]:
@@ -46,3 +43,22 @@ def op_shards(weights: list, cpus: int | None = None) -> list[range]:
         cuts.append(min(candidates, key=lambda j: abs(prefix[j] - target)))
     cuts.append(len(weights))
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def width_shards(dims: list[int], weights: list) -> list[tuple[int, list[int]]]:
+    """Members (tables) by width, each width's split over ops (:func:`op_shards`): one op
+    reads, sums or updates one width.
+
+    Args:
+      dims: per member, its embedding width.
+      weights: per member, a positive cost (its features, say).
+
+    Returns:
+      ``[(dim, member indices)]``: one entry per op, widths ascending, members in order.
+    """
+    out = []
+    for dim in sorted(set(dims)):
+        same = [i for i, d in enumerate(dims) if d == dim]
+        out.extend((dim, [same[i] for i in run])
+                   for run in op_shards([weights[i] for i in same]))
+    return out

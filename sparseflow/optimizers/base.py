@@ -209,25 +209,28 @@ class SparseOptimizer:
             if pairs:
                 # Rows a batch's own gather handed out are its unique keys' rows: distinct.
                 unique = all(is_batch_unique_rows(grad.indices) for grad, _ in pairs)
-                compiled = None
-                if unique and all(table.gathers_in_kernel for _, table in pairs):
-                    compiled = self._compiled_update(pairs)
-                if compiled is not None:
-                    updates.append(compiled)
-                else:
-                    # One numpy function for every table: per-call overhead and the Python
-                    # around 26 calls cost more than the update kernels (BENCHMARKS.md,
-                    # end-to-end).
-                    inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
-                    updates.append(tf.numpy_function(
-                        self._make_apply([table for _, table in pairs], unique), inputs,
-                        tf.int64, stateful=True, name="sparseflow_update"))
+                updates.append(self.host_update(pairs, unique))
             if device_pairs:
                 updates.append(self._apply_device(device_pairs))
             if global_step is not None:
                 with tf.control_dependencies(updates):
                     return tf.compat.v1.assign_add(global_step, 1).op
             return tf.group(*updates)
+
+    def host_update(self, pairs, unique: bool, name: str = "sparseflow_update") -> tf.Tensor:
+        """The update of ``pairs`` ((IndexedSlices, table) of host tables without a fast
+        tier) as one node per op: the optimizer's compiled op where it has one and every
+        table is fixed-capacity with ``unique`` rows, else one numpy function (named
+        ``name``) running its kernel. Returns its int64 output, for control dependencies."""
+        if unique and all(table.gathers_in_kernel for _, table in pairs):
+            compiled = self._compiled_update(pairs)
+            if compiled is not None:
+                return compiled
+        # One numpy function for every table: per-call overhead and the Python around 26
+        # calls cost more than the update kernels (BENCHMARKS.md, end-to-end).
+        inputs = [t for grad, _ in pairs for t in (grad.indices, grad.values)]
+        return tf.numpy_function(self._make_apply([table for _, table in pairs], unique),
+                                 inputs, tf.int64, stateful=True, name=name)
 
     def _compiled_update(self, pairs) -> tf.Tensor | None:
         """The update of ``pairs`` ((IndexedSlices over a batch's unique rows, table) of

@@ -34,7 +34,7 @@ import tensorflow as tf
 from sparseflow import tensor_buffers
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed import op_chains
-from sparseflow.ops.op_shards import op_shards
+from sparseflow.ops.op_shards import width_shards
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.row_sums import sum_rows_by_index
@@ -131,31 +131,22 @@ class Embedding(tf.Module):
             self._features.append(_Feature(f, f.name or f"feature_{i}", self._tables[t], t))
         self._by_table = [[k for k, f in enumerate(self._features) if f.table_index == t]
                           for t in range(len(self._tables))]
-        # Features by embedding width, each width's tables split over a few ops that
-        # TensorFlow runs side by side (ops/op_shards.py; a table in one op only: the op
-        # releases its batch): one gather output per op, features in feature order.
-        self._dim_groups = []
-        for dim in sorted({f.dim for f in self._features}):
-            members = [k for k, f in enumerate(self._features) if f.dim == dim]
-            order = list(dict.fromkeys(self._features[k].table_index for k in members))
-            for run in op_shards([len(self._by_table[t]) for t in order]):
-                chosen = {order[i] for i in run}
-                self._dim_groups.append(
-                    (dim, [k for k in members if self._features[k].table_index in chosen]))
-        # The batch kernels' members (``ops/batch_kernels.py``): the gather's in feature
-        # order per op; the gradient sum's by table, per op.
+        # The tables by embedding width, each width's split over a few ops that TensorFlow
+        # runs side by side (ops/op_shards.py; a table in one op only: the op releases its
+        # batch). Per op, the batch kernels' members (``ops/batch_kernels.py``): the
+        # gather's features in feature order, one output; the gradient sum's by table.
         n_tables = len(self._tables)
-        self._gather_layouts = [_layout([(self._features[k].table_index, n_tables + k)
-                                         for k in members])
-                                for _, members in self._dim_groups]
-        self._sum_groups = []
-        for dim in sorted({t.dim for t in self._tables}):
-            same_width = [t for t, table in enumerate(self._tables) if table.dim == dim]
-            for run in op_shards([max(1, len(self._by_table[t])) for t in same_width]):
-                table_ids = [same_width[i] for i in run]
-                features = [k for t in table_ids for k in self._by_table[t]]
-                self._sum_groups.append((dim, table_ids, features, _layout(
-                    [(self._features[k].table_index, n_tables + k) for k in features])))
+        self._dim_groups, self._gather_layouts, self._sum_groups = [], [], []
+        for dim, table_ids in width_shards([t.dim for t in self._tables],
+                                           [len(m) for m in self._by_table]):
+            chosen = set(table_ids)
+            gathered = [k for k, f in enumerate(self._features) if f.table_index in chosen]
+            self._dim_groups.append((dim, gathered))
+            self._gather_layouts.append(_layout([(self._features[k].table_index,
+                                                  n_tables + k) for k in gathered]))
+            summed = [k for t in table_ids for k in self._by_table[t]]
+            self._sum_groups.append((dim, table_ids, summed, _layout(
+                [(self._features[k].table_index, n_tables + k) for k in summed])))
         names = [f.name for f in self._features]
         if len(set(names)) != len(names):
             fail("feature_config", "features with distinct names", names)
@@ -544,9 +535,9 @@ class Embedding(tf.Module):
         return self._update_ops(batch, per_id)
 
     def _update_ops(self, batch: dict, per_id: list) -> tf.Tensor:
-        """The update as compiled ops: per width and shard one gradient sum (``ops/batch_ops.py``),
-        then per optimizer its compiled update, or one numpy function running its kernel
-        where it has none."""
+        """The update as compiled ops: per width and shard one gradient sum
+        (``ops/batch_ops.py``), then per optimizer its update
+        (``SparseOptimizer.host_update``)."""
         from sparseflow.ops import batch_ops   # loads the kernels: only when used
 
         tables = self._tables
@@ -569,16 +560,9 @@ class Embedding(tf.Module):
         for grad, table in pairs:
             optimizer = table.rows.optimizer
             by_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
-        updates = []
-        for optimizer, group in by_optimizer.values():
-            # The rows are the batch's unique keys' rows: distinct.
-            update = optimizer._compiled_update(group)   # noqa: SLF001 -- the face's own
-            if update is None:
-                update = tf.numpy_function(
-                    optimizer._make_apply([table for _, table in group], True),  # noqa: SLF001
-                    [t for grad, _ in group for t in (grad.indices, grad.values)], tf.int64,
-                    stateful=True, name="sparseflow_tf2_update")
-            updates.append(update)
+        # The rows are the batch's unique keys' rows: distinct.
+        updates = [optimizer.host_update(group, True, name="sparseflow_tf2_update")
+                   for optimizer, group in by_optimizer.values()]
         # Computed from the updates' outputs (each its tables' count), not a constant under
         # control dependencies, which graph optimization may drop with the updates.
         return tf.add_n(updates) if len(updates) > 1 else updates[0]
