@@ -22,6 +22,7 @@ from sparseflow.jobs.data import make_dataset
 from sparseflow.jobs.export import export
 from sparseflow.jobs.progress import format_table
 from sparseflow.jobs.schema import ConfigError, load_config, parse_config
+from tests.test_progress import read_until_closed
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
@@ -314,18 +315,9 @@ def test_the_demo_command_on_a_pseudo_terminal_shows_a_bar_and_the_summary(tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "sparseflow", "train", path], cwd=REPO,
                             stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:   # EIO: every writer of the terminal has closed it
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(master)
+    output = read_until_closed(master)
     assert proc.wait(timeout=300) == 0
-    text = b"".join(chunks).decode().replace("\r\n", "\n")   # the terminal's newlines
+    text = output.decode().replace("\r\n", "\n")   # the terminal's newlines
     frames = [f for line in text.split("\n") for f in line.split("\r")]
     assert any(f.startswith("step: 100%|") and "6/6 [" in f and "step/s" in f for f in frames)
     assert max(len(f) for f in frames if "%|" in f) <= 100    # bars fit the terminal
