@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import sparseflow.autograph_rules  # noqa: F401  (our functions traced as written, not rewritten)
 from sparseflow.models.dcn_v2 import DCNv2
 from sparseflow.models.dlrm import DLRM
 from sparseflow.models.layers import MLP, CrossNetwork, Dense, DotInteraction

@@ -6,6 +6,7 @@ It needs no ``sparseflow.init()``: an :class:`Embedding` owns its tables. See
 ``docs/tf2-and-keras.md``.
 """
 
+import sparseflow.autograph_rules  # noqa: F401  (our functions traced as written, not rewritten)
 from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.embedding import Embedding
 from sparseflow.tf2.merge_shards import merge_checkpoint_shards
