@@ -244,12 +244,12 @@ def _run(args, cfg) -> int:
     if args.command == "validate":
         print(describe(cfg))
         return EXIT_OK
-    from sparseflow.jobs import runner
-
     if args.command == "train":
         _log_to_stderr()
         return _train(args, cfg)
-    elif args.command == "eval":
+    from sparseflow.jobs import runner   # TensorFlow: 3-4 s, after the arguments are checked
+
+    if args.command == "eval":
         runner.evaluate(cfg, args.checkpoint, tty=False if args.no_progress else None)
     elif args.command == "export":
         from sparseflow.jobs.export import export
@@ -263,7 +263,6 @@ def _train(args, cfg) -> int:
     """One process; N local workers (``--workers N``: one model over tables sharded by key);
     or, with ``TF_CONFIG``, one worker of a cluster."""
     from sparseflow.distributed.cluster import world_from_env
-    from sparseflow.jobs import runner
 
     world = world_from_env()
     if args.workers is not None and not 1 <= args.workers <= MAX_LOCAL_WORKERS:
@@ -275,16 +274,19 @@ def _train(args, cfg) -> int:
               "(a cluster's worker): unset one of them", file=sys.stderr)
         return EXIT_USAGE
     tty = False if args.no_progress else None
-    if args.workers is not None and args.workers > 1:
+    if args.workers is not None and args.workers > 1:   # each worker loads TensorFlow, not this
         from sparseflow.distributed.launch import launch
+        from sparseflow.jobs.schema import output_dir
 
         argv = ["train", args.config, "--no-progress"]
         for override in args.overrides:
             argv += ["--set", override]
         if args.out:
             argv += ["--out", args.out]
-        return launch(argv, args.workers, runner.output_dir(cfg),
+        return launch(argv, args.workers, output_dir(cfg),
                       grace_seconds=cfg.distributed.timeout_seconds + 30)
+    from sparseflow.jobs import runner
+
     if world is None or world.size == 1:
         if args.workers == 1:   # the sharded layer's path, alone: results as N workers'
             from sparseflow.distributed.graph_world import one_rank

@@ -609,3 +609,35 @@ def test_parallel_map_job_trains_exactly_as_a_sequential_one(tmp_path):
     assert len(losses(parallel_out)) == 8
     assert losses(parallel_out) == losses(sequential_out)
     assert parallel["train_loss"] == sequential["train_loss"]   # the last window, unrounded
+
+
+def test_train_reports_argument_errors_and_starts_workers_without_loading_tensorflow(tmp_path):
+    """``train``'s argument errors come before TensorFlow loads (3-4 s), and the process that
+    starts ``--workers N`` never loads it (each worker does)."""
+    path = tiny_job(tmp_path, "dlrm", steps=2)
+    program = (
+        "import json, sys\n"
+        "from sparseflow import cli\n"
+        "import sparseflow.distributed.launch as launch\n"
+        "launch.launch = lambda argv, n, out, **kw: print('LAUNCH', json.dumps([argv, n, out]))"
+        " or 0\n"
+        "rc = cli.main(sys.argv[1:])\n"
+        "print('RESULT', rc, 'tensorflow' in sys.modules)\n")
+
+    def run(*args, **env):
+        done = subprocess.run([sys.executable, "-c", program, *args], cwd=REPO,
+                              env=dict(os.environ, **env), capture_output=True, text=True,
+                              timeout=120)
+        return done.stdout.splitlines()[-1], done.stdout + done.stderr
+
+    result, output = run("train", path, "--workers", "0")
+    assert result == "RESULT 2 False" and "--workers must be in [1, 64], got 0" in output
+    result, output = run("train", path, "--workers", "2",
+                         TF_CONFIG=json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                               "task": {"type": "worker", "index": 0}}))
+    assert result == "RESULT 2 False" and "unset one of them" in output
+    result, output = run("train", path, "--workers", "2", "--out", str(tmp_path / "out"))
+    assert result == "RESULT 0 False", output
+    argv, n, out = json.loads(output.split("LAUNCH ", 1)[1].splitlines()[0])
+    assert n == 2 and out == str(tmp_path / "out")
+    assert argv[:3] == ["train", path, "--no-progress"]

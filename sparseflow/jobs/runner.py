@@ -24,7 +24,7 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow.jobs.graph import JobGraph, job_graph
 from sparseflow.jobs.progress import Progress, format_table
-from sparseflow.jobs.schema import JobConfig
+from sparseflow.jobs.schema import JobConfig, output_dir
 from sparseflow.jobs.summaries import ScalarWriter, input_wait_seconds, traced_run_options
 from sparseflow.metrics import auc
 
@@ -60,11 +60,6 @@ class EvictionTimer:
     def evicted(self) -> None:
         """Starts the next time interval."""
         self.last = time.monotonic()
-
-
-def output_dir(cfg: JobConfig) -> str:
-    """``output.dir`` as an absolute path (relative paths are taken from the working dir)."""
-    return os.path.abspath(os.path.expanduser(cfg.output.dir))
 
 
 def train(cfg: JobConfig, *, stream: IO[str] | None = None, tty: bool | None = None) -> dict:

@@ -221,6 +221,11 @@ class JobConfig:
         return _to_dict(self)
 
 
+def output_dir(cfg: JobConfig) -> str:
+    """``output.dir`` as an absolute path (relative paths are taken from the working dir)."""
+    return os.path.abspath(os.path.expanduser(cfg.output.dir))
+
+
 # ----------------------------------------------------------------------------- entry points
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (),
