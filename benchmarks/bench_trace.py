@@ -55,37 +55,36 @@ def worker(face: str, variant: str) -> dict:
             {f"c{j}": tf2.FeatureConfig(tf2.TableConfig(c, DIM, init, name=f"t{j}"))
              for j, c in enumerate(caps)}, tf2.Adam(1e-3))
 
-        def embed(keys):
+        def embed(keys):   # the activations, and what the tape differentiates
             embedding.enqueue({f"c{j}": keys[:, j] for j in range(26)}, training=True)
             act = embedding.dequeue()
-            return [act[f"c{j}"] for j in range(26)], []
+            pooled = [act[f"c{j}"] for j in range(26)]
+            return pooled, pooled
 
-        def apply(grads, watched):
-            embedding.apply_gradients(dict(zip(
-                [f"c{j}" for j in range(26)], grads[:26])))
+        def apply(grads):
+            embedding.apply_gradients({f"c{j}": grads[j] for j in range(26)})
     else:
         layers = [SparseEmbedding(c, DIM, initializer=init, optimizer=tf2.Adam(1e-3),
                                   combiner="sum", name=f"t{j}") for j, c in enumerate(caps)]
 
-        def embed(keys):
-            return [layer(keys[:, j:j + 1], training=True) for j, layer in enumerate(layers)], \
-                [layer.anchor for layer in layers]
+        def embed(keys):   # the layers apply their gradients in the backward pass
+            return ([layer(keys[:, j:j + 1], training=True) for j, layer in enumerate(layers)],
+                    [layer.anchor for layer in layers])
 
-        def apply(grads, watched):   # the layers apply theirs in the backward pass
+        def apply(grads):
             pass
 
     @tf.function
     def step(keys, dense, labels):
         with tf.GradientTape() as tape:
-            pooled, watched = embed(keys)
-            if face == "tf2":
-                tape.watch(pooled)
+            pooled, sources = embed(keys)
+            if face == "tf2":   # activations; a layer's anchor is a Keras variable, watched
+                tape.watch(sources)
             logits = tf.squeeze(model(dense, pooled), 1)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                           logits=logits))
-        sources = (pooled if face == "tf2" else watched) + list(model.trainable_variables)
-        grads = tape.gradient(loss, sources)
-        apply(grads, watched)
+        grads = tape.gradient(loss, sources + list(model.trainable_variables))
+        apply(grads)
         for var, grad in zip(model.trainable_variables, grads[26:]):
             var.assign_sub(1e-3 * grad)
         return loss

@@ -136,17 +136,19 @@ class Embedding(tf.Module):
         # batch). Per op, the batch kernels' members (``ops/batch_kernels.py``): the
         # gather's features in feature order, one output; the gradient sum's by table.
         n_tables = len(self._tables)
+
+        def layout(features):
+            return _layout([(self._features[k].table_index, n_tables + k) for k in features])
+
         self._dim_groups, self._gather_layouts, self._sum_groups = [], [], []
         for dim, table_ids in width_shards([t.dim for t in self._tables],
                                            [len(m) for m in self._by_table]):
             chosen = set(table_ids)
             gathered = [k for k, f in enumerate(self._features) if f.table_index in chosen]
             self._dim_groups.append((dim, gathered))
-            self._gather_layouts.append(_layout([(self._features[k].table_index,
-                                                  n_tables + k) for k in gathered]))
+            self._gather_layouts.append(layout(gathered))
             summed = [k for t in table_ids for k in self._by_table[t]]
-            self._sum_groups.append((dim, table_ids, summed, _layout(
-                [(self._features[k].table_index, n_tables + k) for k in summed])))
+            self._sum_groups.append((dim, table_ids, summed, layout(summed)))
         names = [f.name for f in self._features]
         if len(set(names)) != len(names):
             fail("feature_config", "features with distinct names", names)
