@@ -9,8 +9,9 @@ Every element is a dict of exactly (B = batch_size, every batch full, the remain
     <timestamp>  int64   [B]               only with a timestamp column
 
 Sources other than TFRecord are read by numpy/pyarrow/numba code in a Python generator (see
-:mod:`sparseflow.jobs.readers`) that yields a few packed arrays (all single-hot keys in one
-[B, n_single] matrix) per *run* of consecutive batches: every whole batch a block holds, as one
+:mod:`sparseflow.jobs.readers`) that yields its arrays (each single-hot column's keys apart, as
+the insert function reads them: no strided copies of a [B, n_single] matrix) per *run* of
+consecutive batches: every whole batch a block holds, as one
 [m, B, ...] view of it; TensorFlow's ``unbatch`` splits a run into its batches and a map
 unpacks each into the dict. Per run the Python side only slices (or, when shuffling, gathers)
 numpy arrays: a 65,536-row Parquet record batch crosses into TensorFlow once, not 16 times,
@@ -120,7 +121,7 @@ def make_dataset(data, columns, split: str, *, batch_size: int, seed: int = 0,
             yield tuple(run[k] for k in keys)
 
     runs_signature = tuple(tf.TensorSpec([None, *spec.shape], spec.dtype)
-                           for spec in _packed_signature(signature, columns, plan, batch_size))
+                           for spec in _packed_signature(signature, plan))
     packed = tf.data.Dataset.from_generator(runs, output_signature=runs_signature).unbatch()
     return packed.map(_unpacker(columns, plan))
 
@@ -164,15 +165,15 @@ def _block_source(data, split: str, plan: ColumnPlan):
 # --- packing -------------------------------------------------------------------------------
 
 def _packed_keys(plan: ColumnPlan) -> list[str]:
-    keys = ["labels"] + (["dense"] if plan.dense else []) + (["single"] if plan.single else [])
+    keys = ["labels"] + (["dense"] if plan.dense else [])
+    keys += ["single:" + name for name, _ in plan.single]
     keys += ["multi:" + name for name, _, _ in plan.multi]
     return keys + (["timestamp"] if plan.timestamp else [])
 
 
-def _packed_signature(signature, columns, plan: ColumnPlan, batch_size: int) -> tuple:
+def _packed_signature(signature, plan: ColumnPlan) -> tuple:
     out = [signature["labels"]] + ([signature["dense"]] if plan.dense else [])
-    if plan.single:
-        out.append(tf.TensorSpec([batch_size, len(plan.single)], tf.int64))
+    out += [signature[name] for name, _ in plan.single]
     out += [signature[name] for name, _, _ in plan.multi]
     return tuple(out + ([signature[plan.timestamp]] if plan.timestamp else []))
 
@@ -185,10 +186,8 @@ def _unpacker(columns, plan: ColumnPlan):
         if plan.dense:
             out["dense"] = packed.pop(0)
         sparse = {}
-        if plan.single:
-            single = packed.pop(0)
-            for j, (name, _) in enumerate(plan.single):
-                sparse[name] = single[:, j]
+        for name, _ in plan.single:
+            sparse[name] = packed.pop(0)
         for name, _, _ in plan.multi:
             sparse[name] = packed.pop(0)
         for c in columns.sparse:

@@ -153,9 +153,10 @@ def arrow_to_block(batch, plan: ColumnPlan, where: str) -> dict[str, np.ndarray]
 
     Returns:
       ``labels`` float32 [n, n_labels]; ``dense`` float32 [n, n_dense] (when there are dense
-      columns; nulls 0, log1p applied); ``single`` int64 [n, n_single] (single-hot columns in
-      ``plan.single`` order); ``multi:<name>`` int64 [n, L] per multi-hot column; ``timestamp``
-      int64 [n] (nulls 0). Missing keys are -1.
+      columns; nulls 0, log1p applied); ``single:<name>`` int64 [n] per single-hot column (one
+      contiguous array each: the tf.data side hands every feature its keys without a strided
+      copy); ``multi:<name>`` int64 [n, L] per multi-hot column; ``timestamp`` int64 [n]
+      (nulls 0). Missing keys are -1.
 
     Raises:
       ValueError: a column whose values do not fit its role or encoding (names it and ``where``).
@@ -169,13 +170,11 @@ def arrow_to_block(batch, plan: ColumnPlan, where: str) -> dict[str, np.ndarray]
         if plan.log1p:
             np.log1p(np.maximum(dense, 0.0, out=dense), out=dense)
         block["dense"] = dense
-    if plan.single:
-        single = np.empty((n, len(plan.single)), np.int64)
-        for j, (name, encoding) in enumerate(plan.single):
-            col = batch.column(name)
-            single[:, j] = _keys(col, name, 1, encoding, where)[:, 0] if _is_list(col.type) \
-                else _keys(col, name, 0, encoding, where)
-        block["single"] = single
+    for name, encoding in plan.single:
+        col = batch.column(name)
+        block["single:" + name] = (
+            np.ascontiguousarray(_keys(col, name, 1, encoding, where)[:, 0])
+            if _is_list(col.type) else _keys(col, name, 0, encoding, where))
     for name, length, encoding in plan.multi:
         block["multi:" + name] = _keys(batch.column(name), name, length, encoding, where)
     if plan.timestamp:
@@ -355,10 +354,8 @@ def _generate(seed: int, cap: int, n: int, split: int, plan: ColumnPlan) -> dict
             dense[:, i] = column(name)
         if plan.log1p:
             np.log1p(np.maximum(dense, 0.0, out=dense), out=dense)
-    if plan.single:
-        single = block["single"] = np.empty((n, len(plan.single)), np.int64)
-        for i, (name, _) in enumerate(plan.single):
-            single[:, i] = column(name)
+    for name, _ in plan.single:
+        block["single:" + name] = np.asarray(column(name), np.int64)
     for name, length, _ in plan.multi:
         multi = block["multi:" + name] = np.full((n, length), -1, np.int64)
         multi[:, 0] = column(name)
@@ -497,8 +494,7 @@ def tfrecord_dataset(files: list[str], plan: ColumnPlan, kinds: dict[str, str], 
         if plan.dense:
             dense = tf.stack([tf.cast(f[c], tf.float32) for c in plan.dense], axis=1)
             out.append(tf.math.log1p(tf.maximum(dense, 0.0)) if plan.log1p else dense)
-        if plan.single:
-            out.append(tf.stack([keys(f[n], e) for n, e in plan.single], axis=1))
+        out += [keys(f[n], e) for n, e in plan.single]
         for name, length, encoding in plan.multi:
             sp = f[name]
             sp = tf.SparseTensor(sp.indices, keys(sp.values, encoding), sp.dense_shape)

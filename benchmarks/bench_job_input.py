@@ -1,0 +1,143 @@
+"""The YAML job's input against the Session API's: CPU and wall time per batch of the tf.data
+pipeline alone, on e2e.py's workload.
+
+On a 2-core machine the input pipeline's CPU is taken from the training step, so every
+millisecond the YAML job's reader spends per batch beyond (d)'s in-memory source shows up in
+``d_yaml/d`` (BENCHMARKS.md, end-to-end section). This isolates it: each run builds the
+variant's graph (``e2e_variants.build_sparseflow`` for ``d``, ``build_yaml_job`` over a Parquet
+copy of the same batches for ``d_yaml``) and fetches only its ``IteratorGetNext``, so the
+pipeline (source, unpacking, the insert function's key processing) is all that runs. Each run
+is a fresh process; the variants alternate.
+
+``--code DIR`` imports sparseflow (and e2e_variants) from another checkout, to measure a
+change against the code before it in the same session:
+
+    .venv/bin/python benchmarks/bench_job_input.py [--rounds 5] [--code /tmp/before] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VARIANTS = ("d", "d_yaml")
+WARMUP, BATCHES = 5, 70
+CAP = 1_000_000
+
+
+def worker(variant: str, parquet: str, code: str) -> dict:
+    """One process: ``BATCHES`` batches of ``variant``'s pipeline after ``WARMUP``, with
+    sparseflow and e2e_variants from the checkout ``code``."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.path[:0] = [os.path.join(code, "benchmarks"), code]   # ahead of this script's folder
+    import e2e_variants as ev
+    import tensorflow as tf
+
+    import sparseflow
+    if not sparseflow.__file__.startswith(code + os.sep):
+        raise RuntimeError(f"sparseflow came from {sparseflow.__file__}, not {code}")
+
+    tf.compat.v1.disable_eager_execution()
+    data = ev.make_data(WARMUP + BATCHES + 8)
+    if variant == "d_yaml" and not os.path.exists(parquet):
+        ev.write_parquet(data, parquet)
+    graph = tf.Graph()
+    with graph.as_default():
+        built = (ev.build_sparseflow(data, CAP) if variant == "d"
+                 else ev.build_yaml_job(data, CAP, parquet))
+        batch = graph.get_operation_by_name(built.get_next_name).outputs
+        try:
+            with tf.compat.v1.Session(config=ev.session_config()) as sess:
+                sess.run(built.init_ops)
+                built.after_init()
+                sess.run(built.iterator_init, feed_dict=built.feed)
+                for _ in range(WARMUP):
+                    sess.run(batch)
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(BATCHES):
+                    sess.run(batch)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        finally:
+            built.close()
+    return {"wall_ms": wall / BATCHES * 1e3, "cpu_ms": cpu / BATCHES * 1e3}
+
+
+def run(variant: str, code: str, parquet: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=code, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", variant,
+                           parquet, code], env=env, capture_output=True, text=True, cwd=code)
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--code", default=ROOT, help="the checkout whose sparseflow to measure")
+    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker)), flush=True)
+        return
+    if args.write and args.rounds < 3:
+        parser.error("--write needs --rounds >= 3 (the result is a median)")
+    code = os.path.abspath(args.code)
+    load_start, started = os.getloadavg()[0], time.monotonic()
+    runs = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        parquet = os.path.join(tmp, "e2e.parquet")
+        for r in range(args.rounds):
+            for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+                runs[variant].append(run(variant, code, parquet))
+                x = runs[variant][-1]
+                print(f"round {r + 1} {variant}: wall {x['wall_ms']:.2f} ms, cpu "
+                      f"{x['cpu_ms']:.2f} ms per batch", flush=True)
+    extra = [y["cpu_ms"] - x["cpu_ms"] for x, y in zip(runs["d"], runs["d_yaml"])]
+    rows = [f"| {v} | {statistics.median(r['cpu_ms'] for r in runs[v]):.2f} | "
+            + ", ".join(f"{r['cpu_ms']:.2f}" for r in runs[v])
+            + f" | {statistics.median(r['wall_ms'] for r in runs[v]):.2f} |" for v in VARIANTS]
+    import numpy as np
+    import tensorflow as tf
+
+    sys.path.insert(0, HERE)
+    import report
+
+    section = "\n".join([
+        "## YAML job's input against the Session API's: CPU per batch",
+        "",
+        f"Command: `.venv/bin/python benchmarks/bench_job_input.py --rounds {args.rounds} "
+        f"--write` ({(time.monotonic() - started) / 60:.0f} min; `--code DIR` measures "
+        "another checkout, e.g. the commit before a change).",
+        "",
+        f"Machine: {report.machine_line(TF=tf.__version__, numpy=np.__version__)}. Load "
+        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
+        "",
+        "Workload: e2e.py's (d) and d_yaml graphs (26 Criteo-shaped tables, admission and "
+        f"timestamps on, batch 4096), fetching only `IteratorGetNext`: the input pipeline "
+        f"alone, {BATCHES} batches after {WARMUP}, each run a fresh process, alternating; "
+        "CPU = the process's CPU time over all threads.",
+        "",
+        "| variant | CPU ms per batch (median) | per round | wall ms per batch (median) |",
+        "|---|---:|---|---:|",
+        *rows,
+        "",
+        f"The YAML job's input costs **{statistics.median(extra):+.2f} ms** of CPU per batch "
+        f"over (d)'s (per round: {', '.join(f'{e:+.2f}' for e in extra)}).",
+    ])
+    print(section)
+    if args.write:
+        report.replace_section(section)
+
+
+if __name__ == "__main__":
+    main()
