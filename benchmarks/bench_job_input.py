@@ -9,10 +9,11 @@ copy of the same batches for ``d_yaml``) and fetches only its ``IteratorGetNext`
 pipeline (source, unpacking, the insert function's key processing) is all that runs. Each run
 is a fresh process; the variants alternate.
 
-``--code DIR`` imports sparseflow (and e2e_variants) from another checkout, to measure a
-change against the code before it in the same session:
+``--baseline DIR`` also runs sparseflow (and e2e_variants) from another checkout in the same
+rounds, to measure a change against the code before it:
 
-    .venv/bin/python benchmarks/bench_job_input.py [--rounds 5] [--code /tmp/before] [--write]
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python benchmarks/bench_job_input.py [--rounds 5] [--baseline /tmp/before] [--write]
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def run(variant: str, code: str, parquet: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--code", default=ROOT, help="the checkout whose sparseflow to measure")
+    parser.add_argument("--baseline", help="another checkout (e.g. the commit before a "
+                        "change), measured in the same rounds")
     parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -91,33 +93,44 @@ def main() -> None:
         return
     if args.write and args.rounds < 3:
         parser.error("--write needs --rounds >= 3 (the result is a median)")
-    code = os.path.abspath(args.code)
+    codes = {"this checkout": ROOT}
+    if args.baseline:
+        codes[f"baseline ({_describe(args.baseline)})"] = os.path.abspath(args.baseline)
     load_start, started = os.getloadavg()[0], time.monotonic()
-    runs = {v: [] for v in VARIANTS}
+    runs = {(c, v): [] for c in codes for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         parquet = os.path.join(tmp, "e2e.parquet")
         for r in range(args.rounds):
-            for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
-                runs[variant].append(run(variant, code, parquet))
-                x = runs[variant][-1]
-                print(f"round {r + 1} {variant}: wall {x['wall_ms']:.2f} ms, cpu "
-                      f"{x['cpu_ms']:.2f} ms per batch", flush=True)
-    extra = [y["cpu_ms"] - x["cpu_ms"] for x, y in zip(runs["d"], runs["d_yaml"])]
-    rows = [f"| {v} | {statistics.median(r['cpu_ms'] for r in runs[v]):.2f} | "
-            + ", ".join(f"{r['cpu_ms']:.2f}" for r in runs[v])
-            + f" | {statistics.median(r['wall_ms'] for r in runs[v]):.2f} |" for v in VARIANTS]
+            for c, code in codes.items():
+                for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+                    runs[c, variant].append(run(variant, code, parquet))
+                    x = runs[c, variant][-1]
+                    print(f"round {r + 1} {c} {variant}: wall {x['wall_ms']:.2f} ms, cpu "
+                          f"{x['cpu_ms']:.2f} ms per batch", flush=True)
+    rows, extras = [], []
+    for c in codes:
+        for v in VARIANTS:
+            rs = runs[c, v]
+            rows.append(f"| {c} | {v} | {statistics.median(r['cpu_ms'] for r in rs):.2f} | "
+                        + ", ".join(f"{r['cpu_ms']:.2f}" for r in rs)
+                        + f" | {statistics.median(r['wall_ms'] for r in rs):.2f} |")
+        extra = [y["cpu_ms"] - x["cpu_ms"] for x, y in zip(runs[c, "d"], runs[c, "d_yaml"])]
+        extras.append(f"| {c} | **{statistics.median(extra):+.2f}** | "
+                      + ", ".join(f"{e:+.2f}" for e in extra) + " |")
     import numpy as np
     import tensorflow as tf
 
     sys.path.insert(0, HERE)
     import report
 
+    baseline = " --baseline DIR" if args.baseline else ""
     section = "\n".join([
         "## YAML job's input against the Session API's: CPU per batch",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_job_input.py --rounds {args.rounds} "
-        f"--write` ({(time.monotonic() - started) / 60:.0f} min; `--code DIR` measures "
-        "another checkout, e.g. the commit before a change).",
+        f"Command: `.venv/bin/python benchmarks/bench_job_input.py --rounds {args.rounds}"
+        f"{baseline} --write` ({(time.monotonic() - started) / 60:.0f} min; `--baseline DIR` "
+        "also measures another checkout in the same rounds, e.g. a `git worktree` of the "
+        "commit before a change).",
         "",
         f"Machine: {report.machine_line(TF=tf.__version__, numpy=np.__version__)}. Load "
         f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
@@ -127,16 +140,24 @@ def main() -> None:
         f"alone, {BATCHES} batches after {WARMUP}, each run a fresh process, alternating; "
         "CPU = the process's CPU time over all threads.",
         "",
-        "| variant | CPU ms per batch (median) | per round | wall ms per batch (median) |",
-        "|---|---:|---|---:|",
+        "| code | variant | CPU ms per batch (median) | per round | wall ms per batch (median) |",
+        "|---|---|---:|---|---:|",
         *rows,
         "",
-        f"The YAML job's input costs **{statistics.median(extra):+.2f} ms** of CPU per batch "
-        f"over (d)'s (per round: {', '.join(f'{e:+.2f}' for e in extra)}).",
+        "| code | the YAML job's input over (d)'s, CPU ms per batch (median) | per round |",
+        "|---|---:|---|",
+        *extras,
     ])
     print(section)
     if args.write:
         report.replace_section(section)
+
+
+def _describe(checkout: str) -> str:
+    """The commit a checkout is at, for the table."""
+    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or checkout
 
 
 if __name__ == "__main__":
