@@ -12,7 +12,7 @@ is a fresh process; the variants alternate.
 ``--baseline DIR`` also runs sparseflow (and e2e_variants) from another checkout in the same
 rounds, to measure a change against the code before it:
 
-    git worktree add /tmp/before HEAD~1
+    git worktree add /tmp/before COMMIT   # the commit before the change
     .venv/bin/python benchmarks/bench_job_input.py [--rounds 5] [--baseline /tmp/before] [--write]
 """
 
