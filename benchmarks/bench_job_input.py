@@ -29,6 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import report  # noqa: E402
+
 VARIANTS = ("d", "d_yaml")
 WARMUP, BATCHES = 5, 70
 CAP = 1_000_000
@@ -36,9 +39,10 @@ CAP = 1_000_000
 
 def worker(variant: str, parquet: str, code: str) -> dict:
     """One process: ``BATCHES`` batches of ``variant``'s pipeline after ``WARMUP``, with
-    sparseflow and e2e_variants from the checkout ``code``."""
+    sparseflow and the e2e modules from the checkout ``code``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.path[:0] = [os.path.join(code, "benchmarks"), code]   # ahead of this script's folder
+    import e2e_profile
     import e2e_variants as ev
     import tensorflow as tf
 
@@ -48,36 +52,19 @@ def worker(variant: str, parquet: str, code: str) -> dict:
 
     tf.compat.v1.disable_eager_execution()
     data = ev.make_data(WARMUP + BATCHES + 8)
-    if variant == "d_yaml" and not os.path.exists(parquet):
-        ev.write_parquet(data, parquet)
-    graph = tf.Graph()
-    with graph.as_default():
-        built = (ev.build_sparseflow(data, CAP) if variant == "d"
-                 else ev.build_yaml_job(data, CAP, parquet))
-        batch = graph.get_operation_by_name(built.get_next_name).outputs
-        try:
-            with tf.compat.v1.Session(config=ev.session_config()) as sess:
-                sess.run(built.init_ops)
-                built.after_init()
-                sess.run(built.iterator_init, feed_dict=built.feed)
-                for _ in range(WARMUP):
-                    sess.run(batch)
-                wall, cpu = time.perf_counter(), time.process_time()
-                for _ in range(BATCHES):
-                    sess.run(batch)
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        finally:
-            built.close()
-    return {"wall_ms": wall / BATCHES * 1e3, "cpu_ms": cpu / BATCHES * 1e3}
+    if variant == "d":
+        wall, cpu = e2e_profile.iterate_only(ev.build_sparseflow, data, CAP, WARMUP, BATCHES)
+    else:
+        if not os.path.exists(parquet):
+            ev.write_parquet(data, parquet)
+        wall, cpu = e2e_profile.iterate_only(ev.build_yaml_job, data, CAP, WARMUP, BATCHES,
+                                             parquet=parquet)
+    return {"wall_ms": wall, "cpu_ms": cpu}
 
 
 def run(variant: str, code: str, parquet: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=code, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", variant,
-                           parquet, code], env=env, capture_output=True, text=True, cwd=code)
-    if done.returncode != 0:
-        raise RuntimeError(f"{variant} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report.worker_result(__file__, [variant, parquet, code], code, cwd=code,
+                                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 
 def main() -> None:
@@ -119,9 +106,6 @@ def main() -> None:
                       + ", ".join(f"{e:+.2f}" for e in extra) + " |")
     import numpy as np
     import tensorflow as tf
-
-    sys.path.insert(0, HERE)
-    import report
 
     baseline = " --baseline DIR" if args.baseline else ""
     section = "\n".join([

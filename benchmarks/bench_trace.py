@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -101,12 +100,8 @@ def worker(face: str, variant: str) -> dict:
 
 def run(face: str, variant: str) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", face, variant],
-                          env=env, capture_output=True, text=True, cwd=root)
-    if done.returncode != 0:
-        raise RuntimeError(f"{face} {variant} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report.worker_result(__file__, [face, variant], root, cwd=root,
+                                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 
 def main() -> None:

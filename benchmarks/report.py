@@ -47,27 +47,49 @@ def replace_section(section: str, path: os.PathLike | str = BENCHMARKS_MD) -> No
     path.write_text(text.rstrip("\n") + "\n")
 
 
+def worker_result(script: str, worker_args: list, pythonpath: str, *, cwd: str | None = None,
+                  **env: str) -> dict:
+    """Runs ``python script --worker *worker_args`` in a fresh process and returns the JSON
+    dict its last line of output prints.
+
+    Args:
+      script: the benchmark script.
+      worker_args: what follows ``--worker``.
+      pythonpath: ``PYTHONPATH`` of the process (the checkout whose sparseflow it imports).
+      cwd: its working directory (None: this one's).
+      **env: further environment variables.
+
+    Raises:
+      RuntimeError: the process failed (with the end of its standard error).
+    """
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, os.path.abspath(script), "--worker",
+                           *map(str, worker_args)], env=dict(os.environ, PYTHONPATH=pythonpath,
+                                                             **env),
+                          capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(script)} --worker {' '.join(map(str, worker_args))}"
+                           f" failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def alternating_rounds(script: str, variants: tuple, args, rounds: int) -> dict:
     """Runs each variant of ``script`` once per round, each in its own process (``script
     --worker VARIANT --batch --warmup --steps``, printing a JSON dict as its last line),
     alternating which goes first; returns {variant: [dict per round]}. Every round of every
     variant must end on the same ``final_loss`` (same graph, same data), else RuntimeError."""
-    import json
-    import subprocess
-    import sys
-
     import numpy as np
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
-    env = dict(os.environ, PYTHONPATH=root)
     runs = {v: [] for v in variants}
     for r in range(rounds):
         for variant in (variants if r % 2 == 0 else variants[::-1]):
-            cmd = [sys.executable, os.path.abspath(script), "--worker", variant,
-                   "--batch", str(args.batch), "--warmup", str(args.warmup),
-                   "--steps", str(args.steps)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[variant].append(worker_result(
+                script, [variant, "--batch", args.batch, "--warmup", args.warmup, "--steps",
+                         args.steps], root))
             print(f"round {r + 1} {variant}: {runs[variant][-1]['samples_per_s']:,.0f} "
                   f"samples/s (final loss {runs[variant][-1]['final_loss']:.6f})", flush=True)
     for results in zip(*runs.values()):
