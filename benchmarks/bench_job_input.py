@@ -18,8 +18,6 @@ rounds, to measure a change against the code before it:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -68,18 +66,12 @@ def run(variant: str, code: str, parquet: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--baseline", help="another checkout (e.g. the commit before a "
-                        "change), measured in the same rounds")
-    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(*args.worker)), flush=True)
+    args = report.command_line(__doc__.splitlines()[0], worker, 3, rounds=5,
+                               add_arguments=lambda parser: parser.add_argument(
+                                   "--baseline", help="another checkout (e.g. the commit "
+                                   "before a change), measured in the same rounds"))
+    if args is None:
         return
-    if args.write and args.rounds < 3:
-        parser.error("--write needs --rounds >= 3 (the result is a median)")
     codes = {"this checkout": ROOT}
     if args.baseline:
         codes[f"baseline ({_describe(args.baseline)})"] = os.path.abspath(args.baseline)

@@ -13,8 +13,6 @@ alike (the losses must match).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -105,16 +103,9 @@ def run(face: str, variant: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(*args.worker)), flush=True)
+    args = report.command_line(__doc__.splitlines()[0], worker, 2, rounds=3)
+    if args is None:
         return
-    if args.write and args.rounds < 3:
-        parser.error("--write needs --rounds >= 3 (the result is a median)")
     runs = {(f, v): [] for f in FACES for v in VARIANTS}
     for r in range(args.rounds):
         for face in FACES:

@@ -100,6 +100,44 @@ def alternating_rounds(script: str, variants: tuple, args, rounds: int) -> dict:
     return runs
 
 
+def command_line(description: str, worker, worker_nargs: int, rounds: int,
+                 add_arguments=None):
+    """The command line of a benchmark whose runs are fresh processes of its own script:
+    ``--rounds``, ``--write``, the hidden ``--worker ARG...`` (what :func:`worker_result`
+    passes), and what ``add_arguments(parser)`` adds.
+
+    Args:
+      description: the ``--help`` text.
+      worker: called as ``worker(*ARGS)`` under ``--worker``; returns a JSON-able dict.
+      worker_nargs: how many ARGS ``--worker`` takes.
+      rounds: the default ``--rounds``.
+      add_arguments: None, or a function adding the benchmark's own arguments.
+
+    Returns:
+      The parsed arguments; None when this process was a worker (its result printed as
+      one JSON line).
+
+    Raises:
+      SystemExit: ``--write`` with fewer than 3 rounds (the result is a median).
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    if add_arguments is not None:
+        add_arguments(parser)
+    parser.add_argument("--write", action="store_true", help="record the BENCHMARKS.md section")
+    parser.add_argument("--worker", nargs=worker_nargs, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker)), flush=True)
+        return None
+    if args.write and args.rounds < 3:
+        parser.error("--write needs --rounds >= 3 (the result is a median)")
+    return args
+
+
 def rounds_parser(description: str, variants: tuple):
     """The command line of a benchmark of ``variants`` run by :func:`alternating_rounds`:
     ``--rounds --steps --warmup --batch --write`` and the hidden ``--worker VARIANT``."""
