@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from sparseflow.custom_gradient import custom_gradient
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
 from sparseflow.featurespec.spec import FeatureSpec
@@ -273,7 +274,7 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
         table.release_batch(int(seq), drain=table.rows.optimizer is None)
         return values, np.asarray(slots, np.int32)
 
-    @tf.custom_gradient
+    @custom_gradient
     def gather(anchor, rows):
         del anchor  # only carries the gradient to the table
         values, slots = tf.numpy_function(gather_and_release, [rows, seq],
@@ -314,7 +315,7 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
     mark_batch_unique_rows(rows)
     capacity = table.capacity()
 
-    @tf.custom_gradient
+    @custom_gradient
     def attach(anchor, unique_emb):
         del anchor  # only carries the gradient to the table
 
@@ -521,7 +522,7 @@ def _build_batch_embeddings(batch: dict, plan) -> dict:
         counts = tf.stack([tf.shape(parts[i])[0] for i in part_indices])
         return tf.split(tensor, counts, num=len(part_indices))
 
-    @tf.custom_gradient
+    @custom_gradient
     def gather(*anchors):
         del anchors  # only carry the gradients to the tables
         # The op releases each table's batch once its rows are read (through the registry:

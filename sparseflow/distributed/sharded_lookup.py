@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from sparseflow.custom_gradient import custom_gradient
 from sparseflow.distributed.batch_exchange import BatchExchange, split_per_feature
 from sparseflow.distributed.routing import KeyRouter
 from sparseflow.pipeline.graph_cache import graph_cache
@@ -234,7 +235,7 @@ def _exchanged_rows(ex: BatchExchange, keys: tf.Tensor | None = None):
         return ex.forward(flags=True, keys=keys)
     flags = []   # the row flags, which carry no gradient, leave through this list
 
-    @tf.custom_gradient
+    @custom_gradient
     def exchanged(*anchors):
         del anchors  # only carry the gradients to the tables
         rows, has_row = ex.forward(flags=True, keys=keys)
@@ -322,7 +323,7 @@ class LazyTable:
         self.applied = None
         lazy = self
 
-        @tf.custom_gradient
+        @custom_gradient
         def rows(anchor):
             del anchor  # only carries the gradient to the table
 

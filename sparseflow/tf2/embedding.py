@@ -27,6 +27,7 @@ numbers. State lives outside TF variables; the Embedding is a ``tf.Module`` that
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +45,7 @@ from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
+from sparseflow.weak_owner import alive
 
 # A processed batch carries one of these keys: its channel, readable at trace time (a key of
 # the dict, not a tensor's value).
@@ -250,6 +252,11 @@ class Embedding(tf.Module):
         table_segs = np.cumsum([len(self._by_table[t]) for t in range(n_tables)],
                                dtype=np.int64)
         ones = np.ones(n_features, np.int32)
+        # TensorFlow keeps a numpy function built in TF2 (traced in a tf.function or a
+        # dataset's map, or run eagerly) for the life of the process, on its global graph:
+        # it reaches the tables only through the Embedding, held weakly, so that they go with
+        # it (sparseflow/weak_owner.py).
+        embedding = weakref.ref(self)
 
         @tf.autograph.experimental.do_not_convert
         def process(ts, *ids):
@@ -257,7 +264,8 @@ class Embedding(tf.Module):
             keys = [ids[k] for k in order]
             lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_features)
             ends = np.cumsum(lengths)
-            batch, results = process_tables([table.processor for table in self._tables],
+            tables = alive(embedding, "sparseflow.tf2.Embedding")._tables
+            batch, results = process_tables([table.processor for table in tables],
                                             np.concatenate(keys), ends, ones, table_segs,
                                             bool(training), stamp)
             restores = [None] * n_features
