@@ -1,0 +1,137 @@
+"""Memory a process keeps after each finished run: e2e.py's (d) built, trained and terminated
+several times in one process.
+
+A run's tables (index, last-seen times, marks, row storage) should go when the program drops
+them. This builds (d)'s graph (26 Criteo-shaped tables, Session, lazy Adam), trains a few
+steps, terminates the runtime and drops the graph, ``--cycles`` times in one fresh process,
+and reads the process's resident memory after each cycle (after a garbage collection). The
+growth from the second cycle's to the last's, per cycle, is what each run left behind (the
+first run's growth is also TensorFlow's and the allocator's first-use caches).
+``--baseline DIR`` measures another checkout in the same rounds (e.g. a ``git worktree`` of
+the commit before a change).
+
+Command: ``.venv/bin/python benchmarks/bench_memory_release.py --rounds 3 [--baseline DIR]
+[--write]``
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import report  # noqa: E402
+
+CAP = 1_000_000
+WARMUP, STEPS = 3, 10
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def worker(code: str, cycles: str) -> dict:
+    """One process: ``cycles`` runs of (d) with sparseflow from the checkout ``code``; the
+    resident memory (MB) after each."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.path[:0] = [os.path.join(code, "benchmarks"), code]
+    import e2e_variants as ev
+    import tensorflow as tf
+
+    import sparseflow
+    if not sparseflow.__file__.startswith(code + os.sep):
+        raise RuntimeError(f"sparseflow came from {sparseflow.__file__}, not {code}")
+    tf.compat.v1.disable_eager_execution()
+    data = ev.make_data(WARMUP + STEPS + 8)
+    rss = []
+    for _ in range(int(cycles)):
+        ev.run_graph(ev.build_sparseflow, data, CAP, WARMUP, STEPS, trace_every=0)
+        gc.collect()
+        rss.append(_rss_mb())
+    return {"rss_mb": rss}
+
+
+def main() -> None:
+    def add_arguments(parser):
+        parser.add_argument("--baseline", help="another checkout (e.g. the commit before a "
+                            "change), measured in the same rounds")
+        parser.add_argument("--cycles", type=int, default=5, help="runs per process (>= 3)")
+
+    args = report.command_line(__doc__.splitlines()[0], worker, 2, rounds=3,
+                               add_arguments=add_arguments)
+    if args is None:
+        return
+    if args.cycles < 3:
+        raise SystemExit("--cycles must be >= 3")
+    codes = {"this checkout": ROOT}
+    if args.baseline:
+        codes[f"baseline ({_describe(args.baseline)})"] = os.path.abspath(args.baseline)
+    load_start, started = os.getloadavg()[0], time.monotonic()
+    runs = {c: [] for c in codes}
+    for r in range(args.rounds):
+        for c, code in (list(codes.items()) if r % 2 == 0 else list(codes.items())[::-1]):
+            rss = report.worker_result(__file__, [code, args.cycles], code, cwd=code,
+                                       TF_CPP_MIN_LOG_LEVEL="3",
+                                       CUDA_VISIBLE_DEVICES="")["rss_mb"]
+            runs[c].append(rss)
+            print(f"round {r + 1} {c}: RSS after each run " + ", ".join(f"{x:.0f}" for x in rss)
+                  + " MB", flush=True)
+    rows = []
+    for c, rounds in runs.items():
+        growth = [(rss[-1] - rss[1]) / (len(rss) - 2) for rss in rounds]
+        rows.append(f"| {c} | **{statistics.median(growth):+.0f}** | "
+                    + ", ".join(f"{g:+.0f}" for g in growth) + " | "
+                    + "; ".join(", ".join(f"{x:.0f}" for x in rss) for rss in rounds) + " |")
+    import numpy as np
+    import tensorflow as tf
+
+    baseline = " --baseline DIR" if args.baseline else ""
+    section = "\n".join([
+        "## Memory kept after each finished run",
+        "",
+        f"Command: `.venv/bin/python benchmarks/bench_memory_release.py --rounds {args.rounds}"
+        f" --cycles {args.cycles}{baseline} --write` "
+        f"({(time.monotonic() - started) / 60:.0f} min; `--baseline DIR` also measures "
+        "another checkout in the same rounds, e.g. a `git worktree` of the commit before a "
+        "change).",
+        "",
+        f"Machine: {report.machine_line(TF=tf.__version__, numpy=np.__version__)}. Load "
+        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
+        "",
+        f"Workload: e2e.py's (d) (26 Criteo-shaped tables of min(cardinality, {CAP:,}) rows, "
+        f"Session, lazy Adam, reserved row memory), {WARMUP} + {STEPS} steps, then "
+        f"`terminate_config_initializer()` and the graph dropped; {args.cycles} such runs "
+        "in one fresh process per round, the resident memory read after each (after "
+        "`gc.collect()`). Kept per run: the growth from the second run's to the last's, "
+        "per run (the first run's also holds TensorFlow's and the allocator's first-use "
+        "caches).",
+        "",
+        "| code | resident memory kept per run, MB (median) | per round | RSS after each "
+        "run, MB, per round |",
+        "|---|---:|---|---|",
+        *rows,
+    ])
+    print(section)
+    if args.write:
+        report.replace_section(section)
+
+
+def _describe(checkout: str) -> str:
+    """The commit a checkout is at, for the table."""
+    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or checkout
+
+
+if __name__ == "__main__":
+    main()
