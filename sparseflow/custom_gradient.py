@@ -86,16 +86,21 @@ def _unpin_gradient(outputs) -> None:
 
 
 def _weak_gradient(name: str, graph_ref):
-    """The registry's proxy for ``name``: calls the function kept on the graph. Only an op of
-    that graph is ever differentiated with it, and an op holds its graph, so the graph is
-    alive whenever the proxy runs."""
+    """The registry's proxy for ``name``: calls the function kept on the graph. An op of that
+    graph holds it, so the graph is alive whenever one of its ops is differentiated. A copy
+    of the op in another graph (``import_graph_def``, ``import_meta_graph``, a pruned
+    function) names the same gradient and finds it only while the original graph lives;
+    sparseflow's gradients use the original graph's tensors, so they could not serve a copy
+    anyway."""
     def gradient(op, *grads):
         graph = graph_ref()
         functions = None if graph is None else graph_cache(graph, "custom_gradients",
                                                            create=False)
         if not functions or name not in functions:
-            raise LookupError(f"The custom gradient {name!r} belongs to a graph that no "
-                              f"longer exists.")
+            raise LookupError(f"The custom gradient {name!r} of op `{op.name}` belongs to a "
+                              f"graph that no longer exists: a copy of a graph "
+                              f"(import_graph_def, import_meta_graph, a pruned function) was "
+                              f"differentiated after its original was dropped.")
         return functions[name](op, *grads)
 
     return gradient

@@ -29,9 +29,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow.custom_gradient import custom_gradient
 from sparseflow import lookup_args
 from sparseflow import runtime as _runtime
+from sparseflow.custom_gradient import custom_gradient
 from sparseflow.featurespec.spec import FeatureSpec
 from sparseflow.ops.op_shards import width_shards
 from sparseflow.pipeline.graph_cache import graph_cache

@@ -154,6 +154,42 @@ def test_custom_gradient_in_a_graph_differentiates_as_tf_custom_gradient_and_is_
     assert payload_ref() is None
 
 
+def test_custom_gradient_in_a_tf_function_under_a_cond_differentiates_as_tf_custom_gradient():
+    def build(decorator):
+        @decorator
+        def scaled(x):
+            return x * 2.0, lambda dy: dy * 3.0
+
+        @tf.function
+        def grad_of(x, flag):
+            # tf.gradients looks the gradient up in the registry (the proxy), in the
+            # function's graph and through cond_v2's branch graph.
+            y = tf.cond(flag, lambda: scaled(x), lambda: x * 5.0)
+            return tf.gradients(tf.reduce_sum(y * y), [x])[0]
+
+        return grad_of
+
+    x = tf.constant([1.0, 2.0])
+    for flag in (True, False):
+        ours = build(custom_gradient)(x, tf.constant(flag)).numpy()
+        np.testing.assert_array_equal(ours, build(tf.custom_gradient)(x, tf.constant(flag)))
+    np.testing.assert_array_equal(build(custom_gradient)(x, tf.constant(True)), [12.0, 24.0])
+    np.testing.assert_array_equal(build(custom_gradient)(x, tf.constant(False)), [50.0, 100.0])
+
+
+def test_a_batch_processed_after_its_embedding_was_dropped_is_refused_naming_it():
+    table = tf2.TableConfig(50, 4, tf.compat.v1.truncated_normal_initializer(), name="t")
+    embedding = tf2.Embedding({"f": tf2.FeatureConfig(table)}, tf2.Adam(0.05))
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(16, dtype=np.int64)).batch(4)
+    ds = ds.map(lambda ids: embedding.preprocess({"f": ids}))
+    assert next(iter(ds))["packed"].shape[0] > 0   # works while the Embedding lives
+    del embedding
+    gc.collect()
+    with pytest.raises(tf.errors.UnknownError,   # a numpy function's RuntimeError
+                       match=r"sparseflow.tf2.Embedding was released"):
+        next(iter(ds))
+
+
 def test_custom_gradient_runs_eagerly_as_tf_custom_gradient():
     @custom_gradient
     def scaled(x):
