@@ -56,7 +56,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
-from report import cpu_model, replace_section
+from report import cpu_model, replace_section, rss_mb
 
 from sparseflow.synthetic import key_weight, scatter_keys
 
@@ -145,14 +145,6 @@ CAPACITY = {
 
 
 # -- one configuration (a worker process) ---------------------------------------------------
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
 
 def worker(config: str, steps: int) -> None:
     """Builds the model for ``config`` and runs steps on the parent's command.

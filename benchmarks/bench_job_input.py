@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,7 +73,7 @@ def main() -> None:
         return
     codes = {"this checkout": ROOT}
     if args.baseline:
-        codes[f"baseline ({_describe(args.baseline)})"] = os.path.abspath(args.baseline)
+        codes[f"baseline ({report.describe_checkout(args.baseline)})"] = os.path.abspath(args.baseline)
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {(c, v): [] for c in codes for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,13 +126,6 @@ def main() -> None:
     print(section)
     if args.write:
         report.replace_section(section)
-
-
-def _describe(checkout: str) -> str:
-    """The commit a checkout is at, for the table."""
-    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or checkout
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -30,14 +29,6 @@ import report  # noqa: E402
 
 CAP = 1_000_000
 WARMUP, STEPS = 3, 10
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def worker(code: str, cycles: str) -> dict:
@@ -57,7 +48,7 @@ def worker(code: str, cycles: str) -> dict:
     for _ in range(int(cycles)):
         ev.run_graph(ev.build_sparseflow, data, CAP, WARMUP, STEPS, trace_every=0)
         gc.collect()
-        rss.append(_rss_mb())
+        rss.append(report.rss_mb())
     return {"rss_mb": rss}
 
 
@@ -75,7 +66,7 @@ def main() -> None:
         raise SystemExit("--cycles must be >= 3")
     codes = {"this checkout": ROOT}
     if args.baseline:
-        codes[f"baseline ({_describe(args.baseline)})"] = os.path.abspath(args.baseline)
+        codes[f"baseline ({report.describe_checkout(args.baseline)})"] = os.path.abspath(args.baseline)
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {c: [] for c in codes}
     for r in range(args.rounds):
@@ -124,13 +115,6 @@ def main() -> None:
     print(section)
     if args.write:
         report.replace_section(section)
-
-
-def _describe(checkout: str) -> str:
-    """The commit a checkout is at, for the table."""
-    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or checkout
 
 
 if __name__ == "__main__":

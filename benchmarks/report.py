@@ -213,3 +213,22 @@ def ratio_main(script: str, description: str, numerator: str, denominator: str, 
               f"Load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
               f"end (other jobs share the machine).")
     return {"args": args, "result": compare(runs, numerator, denominator), "header": header}
+
+
+def describe_checkout(checkout: str) -> str:
+    """The short commit a checkout (e.g. a ``--baseline`` worktree) is at, for a table; the
+    path itself when git cannot tell."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or checkout
+
+
+def rss_mb() -> float:
+    """This process's resident memory, MB (``VmRSS``); NaN where /proc does not say."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
