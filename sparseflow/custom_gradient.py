@@ -18,7 +18,7 @@ TensorFlow's registry is not what this expects, nothing is moved.
 The TF2 faces meet a second such keeper: ``tf.numpy_function`` keeps its function on the
 outermost graph, in TF2 the thread's global graph, for the life of the process. Their numpy
 functions therefore reach the tables through a weak reference to their owner
-(:func:`sparseflow.weak_owner.alive`).
+(:func:`sparseflow.weak_owner.weak`).
 """
 
 from __future__ import annotations

@@ -8,14 +8,12 @@ update to the rows the batch touched, so Keras' optimizer never sees a table.
 
 from __future__ import annotations
 
-import weakref
-
 import tensorflow as tf
 
 from sparseflow.custom_gradient import custom_gradient
 from sparseflow.tf2.optimizers import OPTIMIZERS, Adam, optimizer_from_config
 from sparseflow.validation import fail
-from sparseflow.weak_owner import alive
+from sparseflow.weak_owner import weak
 
 
 def sparse_optimizer(optimizer):
@@ -51,14 +49,14 @@ def train_lookup(embedding, batch: dict, anchor) -> list:
     # Held weakly by the gradient: Keras' optimizer differentiates through tf.distribute's
     # all-reduce, a tf.custom_gradient that TensorFlow's registry keeps with the train
     # function's graph for the life of the process; the tables must not stay with it.
-    embedding_ref = weakref.ref(embedding)
+    embedding_ref = weak(embedding, "sparseflow.tf2.Embedding")
 
     @custom_gradient
     def lookup(anchor_value):
         activations = embedding.activations(batch, training=True)
 
         def grad(*dys):
-            applied = alive(embedding_ref, "sparseflow.tf2.Embedding").update(batch, list(dys))
+            applied = embedding_ref().update(batch, list(dys))
             # Zero, computed from the update's output: a control dependency on a
             # constant zero is dropped by graph optimization, and the update with it.
             return tf.reshape(tf.cast(applied, tf.float32) * 0.0, tf.shape(anchor_value))

@@ -15,7 +15,6 @@ rows never change.
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -24,7 +23,7 @@ from sparseflow import runtime as _runtime
 from sparseflow.embed.host_rows import pinned_storages
 from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.validation import check_one_of, fail
-from sparseflow.weak_owner import alive
+from sparseflow.weak_owner import weak
 
 # tf.compat.v1.train.Optimizer's gate_gradients values.
 GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
@@ -290,11 +289,11 @@ class SparseOptimizer:
     def _make_apply(self, tables, unique: bool):
         # Weakly: TensorFlow keeps a numpy function built in TF2 for the life of the process
         # (sparseflow/weak_owner.py); the tables go with their owner.
-        refs = [(weakref.ref(table), f"table `{table.table_name}`") for table in tables]
+        refs = [weak(table, f"table `{table.table_name}`") for table in tables]
 
         @tf.autograph.experimental.do_not_convert
         def apply(*arrays):
-            live = [alive(ref, what) for ref, what in refs]
+            live = [ref() for ref in refs]
             self.apply_at_tables(live, arrays[0::2], arrays[1::2], unique)
             return np.int64(len(live))
         return apply

@@ -27,7 +27,6 @@ numbers. State lives outside TF variables; the Embedding is a ``tf.Module`` that
 from __future__ import annotations
 
 import functools
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -45,7 +44,7 @@ from sparseflow.tf2.config import FeatureConfig, TableConfig
 from sparseflow.tf2.optimizers import OPTIMIZERS
 from sparseflow.tf2.sharding import states_for_this_rank
 from sparseflow.validation import fail
-from sparseflow.weak_owner import alive
+from sparseflow.weak_owner import weak
 
 # A processed batch carries one of these keys: its channel, readable at trace time (a key of
 # the dict, not a tensor's value).
@@ -256,7 +255,7 @@ class Embedding(tf.Module):
         # dataset's map, or run eagerly) for the life of the process, on its global graph:
         # it reaches the tables only through the Embedding, held weakly, so that they go with
         # it (sparseflow/weak_owner.py).
-        embedding = weakref.ref(self)
+        embedding = weak(self, "sparseflow.tf2.Embedding")
 
         @tf.autograph.experimental.do_not_convert
         def process(ts, *ids):
@@ -264,8 +263,7 @@ class Embedding(tf.Module):
             keys = [ids[k] for k in order]
             lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_features)
             ends = np.cumsum(lengths)
-            tables = alive(embedding, "sparseflow.tf2.Embedding")._tables
-            batch, results = process_tables([table.processor for table in tables],
+            batch, results = process_tables([t.processor for t in embedding()._tables],
                                             np.concatenate(keys), ends, ones, table_segs,
                                             bool(training), stamp)
             restores = [None] * n_features
