@@ -66,14 +66,10 @@ def run(variant: str, code: str, parquet: str) -> dict:
 
 def main() -> None:
     args = report.command_line(__doc__.splitlines()[0], worker, 3, rounds=5,
-                               add_arguments=lambda parser: parser.add_argument(
-                                   "--baseline", help="another checkout (e.g. the commit "
-                                   "before a change), measured in the same rounds"))
+                               add_arguments=report.add_baseline_argument)
     if args is None:
         return
-    codes = {"this checkout": ROOT}
-    if args.baseline:
-        codes[f"baseline ({report.describe_checkout(args.baseline)})"] = os.path.abspath(args.baseline)
+    codes = report.checkouts(ROOT, args.baseline)
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {(c, v): [] for c in codes for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,9 +119,7 @@ def main() -> None:
         "|---|---:|---|",
         *extras,
     ])
-    print(section)
-    if args.write:
-        report.replace_section(section)
+    report.publish(section, args.write)
 
 
 if __name__ == "__main__":

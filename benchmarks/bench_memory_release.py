@@ -54,8 +54,7 @@ def worker(code: str, cycles: str) -> dict:
 
 def main() -> None:
     def add_arguments(parser):
-        parser.add_argument("--baseline", help="another checkout (e.g. the commit before a "
-                            "change), measured in the same rounds")
+        report.add_baseline_argument(parser)
         parser.add_argument("--cycles", type=int, default=5, help="runs per process (>= 3)")
 
     args = report.command_line(__doc__.splitlines()[0], worker, 2, rounds=3,
@@ -64,9 +63,7 @@ def main() -> None:
         return
     if args.cycles < 3:
         raise SystemExit("--cycles must be >= 3")
-    codes = {"this checkout": ROOT}
-    if args.baseline:
-        codes[f"baseline ({report.describe_checkout(args.baseline)})"] = os.path.abspath(args.baseline)
+    codes = report.checkouts(ROOT, args.baseline)
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {c: [] for c in codes}
     for r in range(args.rounds):
@@ -112,9 +109,7 @@ def main() -> None:
         "|---|---:|---|---|",
         *rows,
     ])
-    print(section)
-    if args.write:
-        report.replace_section(section)
+    report.publish(section, args.write)
 
 
 if __name__ == "__main__":

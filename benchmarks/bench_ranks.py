@@ -166,9 +166,7 @@ def main() -> None:
         f"{(16 + 8 * DIM) / (16 + 4 * (2 * DIM + 1)):.3f}x the projection's all-to-all bytes. "
         "Assumptions as there: keys owned by key mod N, one rank per machine, dense gradients "
         "in one ring all-reduce.", ""])
-    print(section)
-    if args.write:
-        report.replace_section(section)
+    report.publish(section, args.write)
 
 
 if __name__ == "__main__":

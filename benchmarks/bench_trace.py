@@ -154,9 +154,7 @@ def main() -> None:
         "|---|---:|---|",
         *ratios,
     ])
-    print(section)
-    if args.write:
-        report.replace_section(section)
+    report.publish(section, args.write)
 
 
 if __name__ == "__main__":

@@ -215,14 +215,30 @@ def ratio_main(script: str, description: str, numerator: str, denominator: str, 
     return {"args": args, "result": compare(runs, numerator, denominator), "header": header}
 
 
-def describe_checkout(checkout: str) -> str:
-    """The short commit a checkout (e.g. a ``--baseline`` worktree) is at, for a table; the
-    path itself when git cannot tell."""
+def add_baseline_argument(parser) -> None:
+    """Adds ``--baseline DIR``: another checkout measured in the same rounds."""
+    parser.add_argument("--baseline", help="another checkout (e.g. the commit before a "
+                        "change), measured in the same rounds")
+
+
+def checkouts(root: str, baseline: str | None) -> dict:
+    """``{label: path}`` of the checkouts a ``--baseline`` benchmark measures: ``root`` as
+    "this checkout", then ``baseline`` (if given) labelled with its short commit."""
     import subprocess
 
-    done = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or checkout
+    codes = {"this checkout": root}
+    if baseline:
+        done = subprocess.run(["git", "-C", baseline, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True)
+        codes[f"baseline ({done.stdout.strip() or baseline})"] = os.path.abspath(baseline)
+    return codes
+
+
+def publish(section: str, write: bool) -> None:
+    """Prints a benchmark's BENCHMARKS.md section and, with ``write``, replaces it there."""
+    print(section)
+    if write:
+        replace_section(section)
 
 
 def rss_mb() -> float:
