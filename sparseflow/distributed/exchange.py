@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.distributed import width_buckets
+from sparseflow.ops.progress_ops import FINISHED, STARTED
 from sparseflow.validation import INT32_MAX, check_float, check_int
 
 # Above the group keys the strategy allocates for itself (1, 2, ...).
@@ -280,7 +281,7 @@ class CountedExchange(Exchange):
                                   tuple(sorted(attrs.items()))))
         span = self._span.current
         if span is None or not span.outputs:   # a span's first collective reports its start
-            x = _after_mark(x, watchdog.started, "sparseflow_collective_started")
+            x = _after_mark(x, watchdog, STARTED, "sparseflow_collective_started")
         out = self._collective(op, x, group, key, report_end=span is None, **attrs)
         if span is not None:
             span.outputs.append(out)
@@ -290,8 +291,9 @@ class CountedExchange(Exchange):
     def watched_as_one(self):
         """The chained collectives built inside (one exchange's counts, keys and rows) report
         to the watchdog as one: started before the first, finished once all have completed.
-        Each report is a numpy function on the chain's path, ~30 us and a turn of the GIL:
-        26 Keras layers' exchanges made ~200 of them a step. A span stays pending while the
+        Each report is an op on the chain's path (a numpy function once, ~30 us and a turn
+        of the GIL; now a compiled op): 26 Keras layers' exchanges made ~200 of them a
+        step. A span stays pending while the
         work between its collectives runs (the owners' key processing: milliseconds a step,
         seconds on a first step that loads its kernels, against a default timeout of 300 s).
         A numpy function between the collectives reports the span's end if it fails
@@ -315,7 +317,7 @@ class CountedExchange(Exchange):
         if span.outputs and not span.end_taken:
             # A stateful numpy function: a tf.function runs it in the chain's order even
             # though nothing reads it; eagerly it runs here, after the collectives.
-            _mark(self._watchdog.finished, "sparseflow_collective_finished", span.outputs)
+            _mark(self._watchdog, FINISHED, "sparseflow_collective_finished", span.outputs)
 
     def _collective(self, op, x: tf.Tensor, group, key, report_end: bool = True,
                     **attrs) -> tf.Tensor:
@@ -325,7 +327,7 @@ class CountedExchange(Exchange):
                  ordering_token=[], timeout_seconds=0.0, **attrs)
         if not report_end:
             return out
-        return _after_mark(out, self._watchdog.finished, "sparseflow_collective_finished")
+        return _after_mark(out, self._watchdog, FINISHED, "sparseflow_collective_finished")
 
 
 def _is_all_to_all(op) -> bool:
@@ -423,23 +425,23 @@ class _OpenSpan(threading.local):
         self.current: WatchSpan | None = None
 
 
-def _mark(mark, name: str, after: list):
-    """A stateful numpy function (which a ``tf.function`` runs even if nothing reads it)
-    that calls ``mark()`` once every tensor of ``after`` is computed; eagerly, it runs now."""
-    @tf.autograph.experimental.do_not_convert
-    def call():
-        mark()
-        return []
-
-    # No output: TensorFlow converts each numpy function output (a version check and
-    # np.asarray, ~6 us), and a Keras step marks ~100 collectives.
+def _mark(watchdog, which: int, name: str, after: list):
+    """Reports a start (``STARTED``) or an end (``FINISHED``) to ``watchdog`` once every
+    tensor of ``after`` is computed: in a graph, a stateful op (which a ``tf.function``
+    runs even if nothing reads it; ``CollectiveWatchdog.report_op``, compiled for the
+    process's watchdog: no turn of the GIL on the chain's path); eagerly, now. Returns
+    the op (None eagerly)."""
+    if tf.executing_eagerly():
+        (watchdog.started if which == STARTED else watchdog.finished)()
+        return None
     with tf.control_dependencies([t for a in after for t in _ready(a)]):
-        return tf.numpy_function(call, [], [], stateful=True, name=name)
+        return watchdog.report_op(which, name)
 
 
-def _after_mark(x: tf.Tensor, mark, name: str) -> tf.Tensor:
-    """``x``, once ``mark()`` has been called after ``x`` was computed (:func:`_mark`)."""
-    with tf.control_dependencies([_mark(mark, name, [x])]):
+def _after_mark(x: tf.Tensor, watchdog, which: int, name: str) -> tf.Tensor:
+    """``x``, once :func:`_mark` reported ``which`` after ``x`` was computed."""
+    mark = _mark(watchdog, which, name, [x])
+    with tf.control_dependencies([] if mark is None else [mark]):
         return tf.identity(x)
 
 

@@ -27,13 +27,13 @@ import threading
 import time
 import weakref
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.extending import intrinsic
+
+from sparseflow.ops import atomics
 
 SYMBOL = "sparseflow_table_registry"
 MAX_TABLES = 1 << 14        # tables alive at once in a process
@@ -58,7 +58,7 @@ UNKNOWN, NO_STORAGE = -1, -2
 _WAIT_LIMIT_S = 60.0   # how long a replacement or close waits for ops still using an entry
 
 _REGISTRY = np.zeros((MAX_TABLES, _FIELDS), np.int64)
-llvm.add_symbol(SYMBOL, _REGISTRY.ctypes.data)
+atomics.bind(SYMBOL, _REGISTRY)
 
 _lock = threading.Lock()
 _free = list(range(MAX_TABLES - 1, -1, -1))
@@ -69,12 +69,8 @@ _next_generation = random.SystemRandom().randrange(1, 1 << 40)
 
 # -- kernel side ----------------------------------------------------------------------------
 
-@intrinsic
-def _registry_address(typingctx):
-    def codegen(context, builder, signature, args):
-        registry = cgutils.add_global_variable(builder.module, ir.IntType(64), SYMBOL)
-        return builder.ptrtoint(registry, ir.IntType(64))
-    return types.int64(), codegen
+_registry_address = atomics.global_address(SYMBOL)
+_atomic = atomics.atomic
 
 
 @intrinsic
@@ -89,20 +85,6 @@ def _uint8_pointer(typingctx, address):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
     return types.CPointer(types.uint8)(address), codegen
-
-
-@intrinsic
-def _atomic(typingctx, operation, address, value):
-    """``operation`` ("add", "max", "xchg") on the int64 at ``address``, sequentially
-    consistent; returns the value before."""
-    if not isinstance(operation, types.StringLiteral):
-        return None
-    op = operation.literal_value
-
-    def codegen(context, builder, signature, args):
-        pointer = builder.inttoptr(args[1], ir.IntType(64).as_pointer())
-        return builder.atomic_rmw(op, pointer, args[2], "seq_cst")
-    return types.int64(operation, address, value), codegen
 
 
 @numba.njit(nogil=True, cache=True)

@@ -328,7 +328,6 @@ def apply_op(name: str, inputs: list, n_outputs: int, *, attrs: dict | None = No
       The op's output tensors.
     """
     from tensorflow.python.eager import context, execute
-    from tensorflow.python.framework import ops
 
     attrs = attrs or {}
     inputs = [tf.convert_to_tensor(t) for t in inputs]
@@ -336,9 +335,20 @@ def apply_op(name: str, inputs: list, n_outputs: int, *, attrs: dict | None = No
         flat_attrs = tuple(item for key, value in attrs.items() for item in (key, value))
         return list(execute.execute(name, n_outputs, inputs, flat_attrs,
                                     context.context(), name=op_name))
+    return list(graph_op(name, inputs, attrs=attrs, op_name=op_name).outputs)
+
+
+def graph_op(name: str, inputs: list, *, attrs: dict | None = None,
+             op_name: str | None = None):
+    """Adds one op ``name`` (registered by :func:`register_op`) to the default graph, as
+    :func:`apply_op` does, and returns the ``tf.Operation`` (an op without outputs has
+    nothing else to return)."""
+    from tensorflow.python.framework import ops
+
     graph = ops.get_default_graph()
-    attr_values = {key: tf.compat.v1.AttrValue(i=int(value)) for key, value in attrs.items()}
+    attr_values = {key: tf.compat.v1.AttrValue(i=int(value))
+                   for key, value in (attrs or {}).items()}
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
     # The public Graph.create_op is deprecated; TF's generated op wrappers reach this one.
-    op = graph._create_op_internal(name, inputs, None, name=op_name,  # noqa: SLF001
-                                   attrs=attr_values)
-    return list(op.outputs)
+    return graph._create_op_internal(name, inputs, None, name=op_name,  # noqa: SLF001
+                                     attrs=attr_values)

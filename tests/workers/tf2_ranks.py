@@ -132,7 +132,7 @@ def main(out_dir: str, steps: int, keras_layer: str, save_at: int = 0, save_to: 
     from sparseflow.distributed import collective_watchdog
     watchdog = collective_watchdog._WATCHDOG   # noqa: SLF001 -- the test reads its count
     # Collectives the watchdog still counts as waiting once every step has returned.
-    out["pending"] = -1 if watchdog is None else watchdog._pending   # noqa: SLF001
+    out["pending"] = -1 if watchdog is None else watchdog.pending
     tables = ((list(embedding.tables.values()) if embedding is not None else [])
               + ([layer.table] if keras_layer == "layer" else [])
               + (list(layer.tables.values()) if keras_layer == "group" else []))
