@@ -114,6 +114,21 @@ def test_a_dropped_keras_model_leaves_no_table_alive():
     assert _live_key_processors() == before
 
 
+@pytest.mark.parametrize("face", ["embedding", "keras"])
+def test_a_dropped_model_on_two_ranks_leaves_no_table_alive(face, tmp_path):
+    """On 2 ranks the keys go through the exchange's numpy functions (routing, the owners'
+    lookup and update), which TensorFlow keeps for the life of the process in TF2: each
+    rank's runs, built, trained and dropped one after another, leave no table alive."""
+    import json
+
+    from tests.rank_runs import run_ranks
+
+    run_ranks(["tests.workers.memory_ranks", tmp_path, face, 2], 2, timeout=240)
+    for rank in range(2):
+        live = json.loads((tmp_path / f"rank{rank}.json").read_text())["live"]
+        assert live == [live[0]] * 3, (rank, live)
+
+
 def test_custom_gradient_in_a_graph_differentiates_as_tf_custom_gradient_and_is_freed():
     """The helper every lookup uses: in a graph, the same gradient as ``tf.custom_gradient``;
     once the graph is dropped, nothing keeps it (or what its gradient closes over)."""

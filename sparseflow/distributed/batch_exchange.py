@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.row_sums import sum_rows_by_index
+from sparseflow.weak_owner import weak
 
 
 class BatchExchange:
@@ -35,11 +36,27 @@ class BatchExchange:
 
     def __init__(self, router, exchange, send, counts, place, timestamp, train: bool,
                  stamped: bool, keep: bool = False):
-        self.router, self.exchange = router, exchange
+        # Held weakly, here and by the numpy functions: TensorFlow keeps a TF2 numpy
+        # function for the life of the process, and a training batch (which holds this
+        # object) stays with the gradient closures of its step's graph, which TensorFlow's
+        # own custom gradients keep too; the tables go with their owner (the Embedding, the
+        # Keras layer, the runtime).
+        self._router = weak(router, "key router of the sharded tables")
+        self.exchange = exchange
         self.send, self.counts, self.place, self.timestamp = send, counts, place, timestamp
         self.train, self.stamped = train, stamped
-        self.gradient = keep
+        self._keep = [keep]   # whether a gradient will come: a cell the numpy functions share
         self.token = self.m = self.where = None
+
+    @property
+    def router(self):
+        """The ``KeyRouter`` (raises ``RuntimeError`` once its owner was dropped)."""
+        return self._router()
+
+    @property
+    def gradient(self) -> bool:
+        """Whether a training batch's keys stay pending for a gradient."""
+        return self._keep[0]
 
     def forward(self, flags: bool, keys: tf.Tensor | None = None):
         """Every table's unique keys' rows, one table after another (``place`` order):
@@ -54,15 +71,16 @@ class BatchExchange:
         """
         router, max_dim = self.router, self.router.max_dim
         width = max_dim + int(flags)
+        router_ref, keep, stamped, train = self._router, self._keep, self.stamped, self.train
 
         @tf.autograph.experimental.do_not_convert
         def process(received, received_counts, step_time):
-            return router.process(received, received_counts,
-                                  int(step_time) if self.stamped else None, self.train)
+            return router_ref().process(received, received_counts,
+                                        int(step_time) if stamped else None, train)
 
         @tf.autograph.experimental.do_not_convert
         def read(token):
-            return router.gather(token, keep=self.gradient, flags=flags)
+            return router_ref().gather(token, keep=keep[0], flags=flags)
 
         @tf.autograph.experimental.do_not_convert
         def process_and_read(received, received_counts, step_time):
@@ -119,7 +137,7 @@ class BatchExchange:
         from sparseflow.lookup import pending_rows_written, read_after, tier_swaps
 
         reads = []
-        router = self.router
+        router, router_ref = self.router, self._router
         for t, table in enumerate(router.tables):
             if table.rows_on != "device":
                 continue
@@ -127,7 +145,7 @@ class BatchExchange:
 
             @tf.autograph.experimental.do_not_convert
             def entries_of(token, t=t):
-                return router.device_entries(token, t)
+                return router_ref().device_entries(token, t)
 
             rows, restore, entries = tf.numpy_function(
                 span.guard(entries_of), [self.token], [tf.int32, tf.int32, tf.int64],
@@ -146,7 +164,7 @@ class BatchExchange:
         ``keys``: a gradient of :meth:`forward`'s rows) summed per entry and sent to
         the keys' owners: float32 ``[N, m, max_dim]`` in the layout the owner received the
         keys in (``KeyRouter.sum_gradients`` / ``update`` take it with :attr:`token`)."""
-        self.gradient = True
+        self._keep[0] = True
         n, max_dim = self.exchange.world_size, self.router.max_dim
         # Keyed rows: several keys share an entry, so their gradients add up there.
         scattered = sum_rows_by_index(dy, self.where, n * self.m)
@@ -157,12 +175,13 @@ class BatchExchange:
         key's gradients from every rank summed, at the key's row (-1: none)."""
         from sparseflow.lookup import mark_batch_unique_rows
 
-        router, tables = self.router, self.router.tables
+        tables, router_ref = self.router.tables, self._router
         received = self.to_owners(dy)
 
         @tf.autograph.experimental.do_not_convert
         def summed(token, grads):
-            return [a for rows, g in router.sum_gradients(token, grads) for a in (rows, g)]
+            return [a for rows, g in router_ref().sum_gradients(token, grads)
+                    for a in (rows, g)]
 
         outs = tf.numpy_function(summed, [self.token, received],
                                  [tf.int32, tf.float32] * len(tables), stateful=True,
@@ -186,12 +205,12 @@ class BatchExchange:
         with self.exchange.watched_as_one() as span:
             received = self.to_owners(dy)
             finished = span.take_end()
-        update = self.router.update
+        router_ref = self._router
 
         @tf.autograph.experimental.do_not_convert
         def report_and_update(token, grads):
             finished()
-            return update(token, grads)
+            return router_ref().update(token, grads)
 
         return tf.numpy_function(report_and_update, [self.token, received], tf.int64,
                                  stateful=True, name="sparseflow_owner_update")

@@ -17,6 +17,7 @@ import tensorflow as tf
 from sparseflow.distributed.batch_exchange import BatchExchange, split_per_feature
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
 from sparseflow.distributed.routing import KeyRouter
+from sparseflow.weak_owner import weak
 
 # Above the eager Exchange's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
@@ -85,11 +86,13 @@ class BoundSharding:
         """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what
         ``preprocess`` returns (under ``route/...`` keys; ``route/stamped`` when the batch
         has a timestamp)."""
-        router, n, n_tables = self.router, self.world_size, len(self.tables)
+        n, n_tables = self.world_size, len(self.tables)
+        # Weakly: TensorFlow keeps a TF2 numpy function for the life of the process.
+        router = weak(self.router, "key router of the sharded tables")
 
         @tf.autograph.experimental.do_not_convert
         def route(*keys):
-            return router.route(list(keys))
+            return router().route(list(keys))
 
         send, counts, place, gather, sizes = tf.numpy_function(
             route, ids, [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64], stateful=True,
