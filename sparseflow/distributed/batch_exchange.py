@@ -22,7 +22,8 @@ class BatchExchange:
     """The collectives and owner-side numpy functions of one routed batch.
 
     Args:
-      router: the ``KeyRouter`` of this rank's shards.
+      router: the ``KeyRouter`` of this rank's shards, held weakly: its owner (the
+        runtime's ``routers``, a TF2 ``BoundSharding``) keeps it alive while the graph runs.
       exchange: the ``Exchange`` the collectives run on.
       send, counts, place, timestamp: the batch's routed keys (``KeyRouter.route``'s send
         buffer ``[N, width, 2]``, counts ``[N, T]``, places ``[U, 2]``) and its int64

@@ -40,8 +40,8 @@ class CollectiveWatchdog:
       clock: a monotonic clock in seconds (tests pass their own).
       abort: called once with the message when the deadline passes; by default
         TensorFlow's ``abort_collective_ops`` with ``DEADLINE_EXCEEDED``.
-      watching: start the watching thread on the first collective; False: none, the caller
-        calls :meth:`check`.
+      watching: start the watching thread on the first report, or when the first
+        :meth:`report_op` is built; False: none, the caller calls :meth:`check`.
       counts: the int64 ``[2]`` array of started and finished reports; the process's
         watchdog (:func:`process_watchdog`) counts in ``progress_ops.PROCESS_COUNTS``, where
         the compiled reports of :meth:`report_op` add. Default: an array of its own.

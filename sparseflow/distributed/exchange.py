@@ -291,11 +291,13 @@ class CountedExchange(Exchange):
     def watched_as_one(self):
         """The chained collectives built inside (one exchange's counts, keys and rows) report
         to the watchdog as one: started before the first, finished once all have completed.
-        Each report is an op on the chain's path (a numpy function once, ~30 us and a turn
-        of the GIL; now a compiled op): 26 Keras layers' exchanges made ~200 of them a
-        step. A span stays pending while the
-        work between its collectives runs (the owners' key processing: milliseconds a step,
-        seconds on a first step that loads its kernels, against a default timeout of 300 s).
+        Each report was a numpy function on the chain's path, ~30 us and a turn of the GIL
+        (26 Keras layers' exchanges made ~200 of them a step); the span's start and end
+        are now compiled ops, and an end that a numpy function reports
+        (:meth:`WatchSpan.take_end`, :meth:`WatchSpan.guard`) is a call inside it. A span
+        stays pending while the work between its collectives runs (the owners' key
+        processing: milliseconds a step, seconds on a first step that loads its kernels,
+        against a default timeout of 300 s).
         A numpy function between the collectives reports the span's end if it fails
         (:meth:`WatchSpan.guard`): the rest of the span never runs then. A collective whose
         instance key is counted at run time reports alone."""
@@ -315,8 +317,9 @@ class CountedExchange(Exchange):
         finally:
             self._span.current = None
         if span.outputs and not span.end_taken:
-            # A stateful numpy function: a tf.function runs it in the chain's order even
-            # though nothing reads it; eagerly it runs here, after the collectives.
+            # A stateful op (compiled for the process's watchdog): a tf.function runs it in
+            # the chain's order even though nothing reads it; eagerly it reports here, after
+            # the collectives.
             _mark(self._watchdog, FINISHED, "sparseflow_collective_finished", span.outputs)
 
     def _collective(self, op, x: tf.Tensor, group, key, report_end: bool = True,

@@ -5,6 +5,10 @@ A kernel that captured an array's address as a Python int would carry a constant
 process that compiled it, and numba would not cache it; an array bound to a symbol with
 ``llvm.add_symbol`` is reached through :func:`global_address` instead, so the kernels that
 use it are cached like any other.
+
+numba's cache is keyed on the file of the kernel that inlines these intrinsics
+(``table_registry.py``, ``progress_ops.py``), not on this one: after changing an intrinsic
+here, clear those kernels' caches (their ``__pycache__`` ``*.nbi`` / ``*.nbc`` files).
 """
 
 from __future__ import annotations
