@@ -33,8 +33,11 @@ class _Router:
 
 
 def _exchange(n: int, m: int, max_dim: int, where: np.ndarray) -> BatchExchange:
-    ex = BatchExchange(_Router(max_dim), _LoopbackExchange(n), None, None, None, None,
-                       train=True, stamped=False)
+    router, loopback = _Router(max_dim), _LoopbackExchange(n)
+    # BatchExchange holds its router weakly; in the faces its owner (the runtime, a TF2
+    # Embedding) keeps it alive: here the exchange it runs on does.
+    loopback.router_owner = router
+    ex = BatchExchange(router, loopback, None, None, None, None, train=True, stamped=False)
     ex.m = tf.constant(m, tf.int32)
     ex.where = tf.constant(where, tf.int32)
     return ex
