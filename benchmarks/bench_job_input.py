@@ -91,20 +91,11 @@ def main() -> None:
         extra = [y["cpu_ms"] - x["cpu_ms"] for x, y in zip(runs[c, "d"], runs[c, "d_yaml"])]
         extras.append(f"| {c} | **{statistics.median(extra):+.2f}** | "
                       + ", ".join(f"{e:+.2f}" for e in extra) + " |")
-    import numpy as np
-    import tensorflow as tf
-
-    baseline = " --baseline DIR" if args.baseline else ""
     section = "\n".join([
         "## YAML job's input against the Session API's: CPU per batch",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_job_input.py --rounds {args.rounds}"
-        f"{baseline} --write` ({(time.monotonic() - started) / 60:.0f} min; `--baseline DIR` "
-        "also measures another checkout in the same rounds, e.g. a `git worktree` of the "
-        "commit before a change).",
-        "",
-        f"Machine: {report.machine_line(TF=tf.__version__, numpy=np.__version__)}. Load "
-        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
+        *report.baseline_header("bench_job_input.py", f"--rounds {args.rounds}",
+                                args.baseline, started, load_start),
         "",
         "Workload: e2e.py's (d) and d_yaml graphs (26 Criteo-shaped tables, admission and "
         f"timestamps on, batch 4096), fetching only `IteratorGetNext`: the input pipeline "

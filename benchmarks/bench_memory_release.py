@@ -80,21 +80,12 @@ def main() -> None:
         rows.append(f"| {c} | **{statistics.median(growth):+.0f}** | "
                     + ", ".join(f"{g:+.0f}" for g in growth) + " | "
                     + "; ".join(", ".join(f"{x:.0f}" for x in rss) for rss in rounds) + " |")
-    import numpy as np
-    import tensorflow as tf
-
-    baseline = " --baseline DIR" if args.baseline else ""
     section = "\n".join([
         "## Memory kept after each finished run",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_memory_release.py --rounds {args.rounds}"
-        f" --cycles {args.cycles}{baseline} --write` "
-        f"({(time.monotonic() - started) / 60:.0f} min; `--baseline DIR` also measures "
-        "another checkout in the same rounds, e.g. a `git worktree` of the commit before a "
-        "change).",
-        "",
-        f"Machine: {report.machine_line(TF=tf.__version__, numpy=np.__version__)}. Load "
-        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
+        *report.baseline_header("bench_memory_release.py",
+                                f"--rounds {args.rounds} --cycles {args.cycles}",
+                                args.baseline, started, load_start),
         "",
         f"Workload: e2e.py's (d) (26 Criteo-shaped tables of min(cardinality, {CAP:,}) rows, "
         f"Session, lazy Adam, reserved row memory), {WARMUP} + {STEPS} steps, then "

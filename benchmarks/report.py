@@ -10,6 +10,7 @@ import os
 import pathlib
 import platform
 import re
+import time
 
 BENCHMARKS_MD = pathlib.Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
@@ -232,6 +233,26 @@ def checkouts(root: str, baseline: str | None) -> dict:
                               capture_output=True, text=True)
         codes[f"baseline ({done.stdout.strip() or baseline})"] = os.path.abspath(baseline)
     return codes
+
+
+def baseline_header(script: str, flags: str, baseline: str | None, started: float,
+                    load_start: float) -> list[str]:
+    """The Command and Machine lines of a ``--baseline`` benchmark's section: the command
+    (``flags``, then ``--baseline DIR`` when one was measured), its minutes since
+    ``started`` (``time.monotonic()``), and the load average at the start and now."""
+    import numpy as np
+    import tensorflow as tf
+
+    with_baseline = " --baseline DIR" if baseline else ""
+    return [
+        f"Command: `.venv/bin/python benchmarks/{script} {flags}{with_baseline} --write` "
+        f"({(time.monotonic() - started) / 60:.0f} min; `--baseline DIR` also measures "
+        "another checkout in the same rounds, e.g. a `git worktree` of the commit before a "
+        "change).",
+        "",
+        f"Machine: {machine_line(TF=tf.__version__, numpy=np.__version__)}. Load average "
+        f"{load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
+    ]
 
 
 def publish(section: str, write: bool) -> None:
