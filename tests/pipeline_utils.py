@@ -113,6 +113,28 @@ def sgd_and_sparse_train_op(loss: tf.Tensor, sparse_optimizer, lr: float = 0.1):
         sparse_optimizer.apply_gradients(zip(grads[len(dense):], sparse)))
 
 
+def train_pooled_lazy_adam(data: dict, batch_size: int, specs, tables, read_ahead=True,
+                           inspect=None):
+    """Trains in the current graph (after ``sf.init()`` and the tables): each spec's rows
+    from ``tables[k]`` pooled by sum into :func:`linear_tower`, the dense part by SGD and
+    the tables by lazy Adam (lr 0.05), over every batch of ``data``; then
+    ``terminate_config_initializer``. Returns ``(losses, inspect())``, ``inspect`` (if
+    given) called in the Session after the last step."""
+    it = make_batch_iterator(data, batch_size, specs, read_ahead=read_ahead)
+    batch = it.get_next()
+    pooled = [tf.reduce_sum(sf.sparse_lookup(t, s, batch=batch), 1)
+              for t, s in zip(tables, specs)]
+    loss = linear_tower(pooled, batch["label"])
+    train = sgd_and_sparse_train_op(loss, lazy_adam.create_hash_optimizer(0.05), 0.1)
+    sf.start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        losses = [l for _, l in run_all(sess, [train, loss], it)]
+        inspected = inspect() if inspect is not None else None
+    sf.terminate_config_initializer()
+    return losses, inspected
+
+
 def assert_same_training(run, reference, steps: int | None = None) -> None:
     """``run`` and ``reference`` are (losses, {table: (keys, embeddings)}, ...): the same
     losses (1e-5), the same keys and embeddings."""

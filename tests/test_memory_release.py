@@ -20,10 +20,8 @@ import sparseflow as sf
 from sparseflow import tf2
 from sparseflow.custom_gradient import custom_gradient
 from sparseflow.keras import SparseEmbedding
-from sparseflow.optimizers import lazy_adam
 from sparseflow.pipeline.key_processor import KeyProcessor
-from tests.pipeline_utils import (linear_tower, make_batch_iterator, run_all,
-                                  sgd_and_sparse_train_op, two_table_data)
+from tests.pipeline_utils import train_pooled_lazy_adam, two_table_data
 
 B, STEPS = 16, 4
 
@@ -45,17 +43,8 @@ def _session_run():
                                         tf.compat.v1.truncated_normal_initializer(),
                                         device_vocabulary_size=100)
                   for name, dim in (("t1", 8), ("t2", 4))}
-        it = make_batch_iterator(data, B, specs)
-        batch = it.get_next()
-        pooled = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch), 1)
-                  for s in specs]
-        loss = linear_tower(pooled, batch["label"])
-        train = sgd_and_sparse_train_op(loss, lazy_adam.create_hash_optimizer(0.05), 0.1)
-        sf.start_asc_pipeline()
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            losses = [l for _, l in run_all(sess, [train, loss], it)]
-        sf.terminate_config_initializer()
+        losses, _ = train_pooled_lazy_adam(data, B, specs,
+                                           [tables[s.table_name] for s in specs])
     assert len(losses) == STEPS
 
 

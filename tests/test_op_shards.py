@@ -9,9 +9,7 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow import tf2
 from sparseflow.ops import op_shards
-from sparseflow.optimizers import lazy_adam
-from tests.pipeline_utils import (int_keys, linear_tower, make_batch_iterator, run_all,
-                                  sgd_and_sparse_train_op)
+from tests.pipeline_utils import int_keys, train_pooled_lazy_adam
 
 B, STEPS, VOCAB, DIM = 32, 12, 60, 4
 TABLES = ("t1", "t2", "t3", "t4")
@@ -62,18 +60,9 @@ def _session_run(data, cpus: int, monkeypatch):
         tables = [sf.create_table(tf.int64, DIM, t,
                                   tf.compat.v1.truncated_normal_initializer(**INIT),
                                   device_vocabulary_size=VOCAB) for t in TABLES]
-        it = make_batch_iterator(data, B, specs, read_ahead=False)
-        batch = it.get_next()
-        pooled = [tf.reduce_sum(sf.sparse_lookup(t, s, batch=batch), 1)
-                  for t, s in zip(tables, specs)]
-        loss = linear_tower(pooled, batch["label"])
-        train = sgd_and_sparse_train_op(loss, lazy_adam.create_hash_optimizer(0.05), 0.1)
-        sf.start_asc_pipeline()
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            losses = [l for _, l in run_all(sess, [train, loss], it)]
-            exported = {t.table_name: t.export() for t in tables}
-        sf.terminate_config_initializer()
+        losses, exported = train_pooled_lazy_adam(
+            data, B, specs, tables, read_ahead=False,
+            inspect=lambda: {t.table_name: t.export() for t in tables})
         types = [op.type for op in graph.get_operations()]
     return np.array(losses), exported, {k: types.count(k) for k in (
         "SparseflowGatherTables", "SparseflowSumTables", "SparseflowLazyAdamTables")}
