@@ -156,8 +156,12 @@ def test_untouched_rows_and_slots_do_not_change(sf_init):
         sess.run(it.initializer)
         sess.run(train)  # step 1: slots of touched rows become non-zero
         for _ in range(5):
-            before = table.rows.storage.copy()
-            allocated = table.processor.size  # rows allocated before this step
+            # Under the key processor's lock: the input pipeline allocates and initialises
+            # the next batches' rows meanwhile, and a row it allocated between the copy and
+            # the count would count as old with its initial values missing from the copy.
+            with table.processor.lock:
+                before = table.rows.storage.copy()
+                allocated = table.processor.size  # rows allocated before this step
             _, rows = sess.run([train, batch_rows(batch, "t")])
             after = table.rows.storage
             touched = np.zeros(table.capacity(), bool)
