@@ -397,13 +397,13 @@ def test_dedup_batch_stamps_one_generation_per_table_and_wraps():
     stamps wrap past 2^31 - 1 with the scratch cleared."""
     keys, ends, coefs = segments(([3, 4, 3], 1), ([4, 3, 4, 5], 2), ([3], 1))
     table_segs = np.array([1, 2, 3], np.int64)
-    scratch = kpmod._thread_scratch(8)
+    scratch = kpmod.thread_scratch(8)
     scratch.tags[:] = 0   # no tag of an earlier test may read as live at the stamps set here
     scratch.generation = 2**31 - 6
     gens = []
     for _ in range(3):
         batch = kpmod.dedup_batch(keys, ends, coefs, table_segs)
-        gens.append(kpmod._thread_scratch(8).generation)
+        gens.append(kpmod.thread_scratch(8).generation)
         assert batch.n_unique.tolist() == [2, 3, 1]
         assert batch.table(1)[0][:3].tolist() == [4, 3, 5]
         assert batch.table(1)[2][:3].tolist() == [4, 2, 2]
@@ -441,12 +441,12 @@ def test_key_processor_generation_wrap_keeps_dedup_exact():
     kp, ref, rec = make(threshold=2)
     rng = np.random.default_rng(12)
     check_batch(kp, ref, rec, *segments((rng.integers(0, 50, 60), 1)), True)
-    scratch = kpmod._thread_scratch(62)
+    scratch = kpmod.thread_scratch(62)
     scratch.generation = 2**31 - 3
     gens = []
     for _ in range(6):
         check_batch(kp, ref, rec, *segments((rng.integers(0, 50, 60), 1), ([7, 7], 2)), True)
-        gens.append(kpmod._thread_scratch(62).generation)
+        gens.append(kpmod.thread_scratch(62).generation)
     assert gens == [2**31 - 2, 2**31 - 1, 1, 2, 3, 4]
 
 

@@ -34,8 +34,8 @@ from sparseflow import tensor_buffers
 from sparseflow.distributed.sharding import HASHES, PAD_KEY
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
-from sparseflow.pipeline.key_processor import (SendCountOverflowError, dedup_batch,
-                                               process_tables)
+from sparseflow.pipeline.key_processor import (SendCountOverflowError, process_tables,
+                                               thread_scratch)
 from sparseflow.validation import INT32_MAX, check_int, check_one_of
 
 
@@ -78,11 +78,16 @@ class KeyRouter:
       hash: the owner rule (``sharding.owner_of``).
       send_count: the most unique keys of one table a worker sends one owner per step, or
         None (``use_dynamic``: the buffer is as wide as the step needs).
+      commit_in_process: make the shards' next rows resident in :meth:`process` rather
+        than in :meth:`route` (for routing by the compiled op of :meth:`route_config`,
+        which cannot).
     """
 
     def __init__(self, tables: list, feature_tables: list[int], feature_coefs: list[int],
-                 world_size: int, hash: str = "mod", send_count: int | None = None):
+                 world_size: int, hash: str = "mod", send_count: int | None = None,
+                 commit_in_process: bool = False):
         self.tables = tables
+        self.commit_in_process = commit_in_process
         self.world_size = world_size
         self.hash = hash
         self.send_count = send_count
@@ -109,6 +114,22 @@ class KeyRouter:
         self._growth = [0] * len(tables)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
+
+    def route_config(self) -> np.ndarray:
+        """The config of ``route_ops.route_keys_op``, which routes as :meth:`route` does in
+        a compiled op (TF2 faces): int64.
+
+        Raises:
+          ValueError: the router has a ``send_count`` (the op's buffer is as wide as the
+            step needs; an overflow's error names the table, which only Python can).
+        """
+        from sparseflow.ops.route_ops import route_config
+
+        if self.send_count is not None:
+            raise ValueError(f"route_config: the compiled routing has no send_count; this "
+                             f"router's is {self.send_count}. Route with route().")
+        return route_config(self.world_size, self.hash == "mix", len(self.tables),
+                            self._order, self._coefs, self._table_segs, self._segment_tables)
 
     @property
     def n_features(self) -> int:
@@ -138,52 +159,31 @@ class KeyRouter:
         """
         n, n_tables = self.world_size, len(self.tables)
         keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in self._order]
-        ordered = np.fromiter((x.shape[0] for x in keys), np.int64, len(keys))
-        key_ends = np.cumsum(ordered)
-        batch = dedup_batch(_joined(keys, np.int64), key_ends, self._coefs, self._table_segs)
-        # Every table's unique keys one table after another, their owners and counts: one
-        # kernel (the Keras face routes each of 26 tables on its own: per call, each numpy
-        # step here cost more than the work).
-        offset = int(batch.n_unique.sum())
-        uniq_all, weight_all = np.empty(offset, np.int64), np.empty(offset, np.int64)
-        owner_all = np.empty(offset, np.int32)
-        table_ends = np.empty(n_tables, np.int64)
-        counts = np.empty((n, n_tables), np.int32)
-        shard_kernels.owned_unique_keys(batch.uniq, batch.weight, batch.starts,
-                                        batch.n_unique, n, self.hash == "mix", uniq_all,
-                                        weight_all, owner_all, table_ends, counts)
-        if self.send_count is not None:
-            width = self.send_count * n_tables
-            if counts.size and counts.max() > self.send_count:
-                r, t = np.unravel_index(int(counts.argmax()), counts.shape)
-                raise SendCountOverflowError(
-                    f"Table `{self.tables[t].table_name}`: a batch sends {counts[r, t]} unique "
-                    f"keys to worker {r} of {n}, more than distributed.send_count="
-                    f"{self.send_count}. Set `distributed.send_count` to at least "
-                    f"{counts[r, t]}, or to null (exchange the counts first).")
-        else:
-            width = max(int(counts.sum(1).max()) if counts.size else 0, 1)
-        # Table t's first slot in owner o's row; the kernel advances it as a cursor.
-        starts = (np.cumsum(counts, axis=1) - counts).astype(np.int64)
-        send = np.empty((n * width, 2), np.int64)
-        send[:, 0] = PAD_KEY
-        send[:, 1] = 0
-        place = np.empty((offset, 2), np.int32)
-        shard_kernels.lay_out_keys(uniq_all, weight_all, owner_all, table_ends, starts, width,
-                                   send, place)
-        lengths = np.zeros(self.n_features, np.int64)
-        lengths[self._order] = ordered
-        sizes = np.concatenate([batch.n_unique, lengths]).astype(np.int64)
-        gather = np.empty(int(key_ends[-1]) if key_ends.shape[0] else 0, np.int32)
-        shard_kernels.place_restores(batch.restore, lengths, self._order, self._segment_tables,
-                                     table_ends - batch.n_unique, gather)
-        self._commit_ahead()
-        return send.reshape(n, width, 2), counts, place, gather, sizes
+        key_ends = np.cumsum(np.fromiter((x.shape[0] for x in keys), np.int64, len(keys)))
+        scratch = thread_scratch(shard_kernels.longest_table(key_ends, self._table_segs))
+        # One kernel for every table (the Keras face routes each of 26 tables on its own:
+        # per call, each numpy step here cost more than the work).
+        send, counts, place, gather, sizes, overflow = shard_kernels.route_keys(
+            _joined(keys, np.int64), key_ends, self._coefs, self._table_segs, self._order,
+            self._segment_tables, n, self.hash == "mix",
+            -1 if self.send_count is None else self.send_count, PAD_KEY, scratch.keys,
+            scratch.tags, scratch.next_generation(n_tables))
+        if overflow >= 0:
+            r, t = divmod(int(overflow), n_tables)
+            raise SendCountOverflowError(
+                f"Table `{self.tables[t].table_name}`: a batch sends {counts[r, t]} unique "
+                f"keys to worker {r} of {n}, more than distributed.send_count="
+                f"{self.send_count}. Set `distributed.send_count` to at least "
+                f"{counts[r, t]}, or to null (exchange the counts first).")
+        if not self.commit_in_process:
+            self._commit_ahead()
+        return send.reshape(n, -1, 2), counts, place, gather, sizes
 
     def _commit_ahead(self) -> None:
         """Makes resident the memory of the rows this worker's shards hand out next: the
         owner's key processing in the step then writes new rows without page faults. Runs
-        in the input pipeline, once per batch, ahead of the steps (``HostRows.commit_ahead``):
+        in the input pipeline, once per batch, ahead of the steps (``HostRows.commit_ahead``;
+        with ``commit_in_process``, in :meth:`process`, for the batches after it):
         twice the largest recent growth of the shard's next row past it. The peak decays by
         1/8 per batch, so a shard that stops growing (reusing evicted rows, or full) stops
         committing; rows taken from the free list were resident already."""
@@ -240,6 +240,8 @@ class KeyRouter:
                                     np.arange(1, total + 1, dtype=np.int64), weights, ends,
                                     train, timestamp)
         tables = list(zip(entries, results))
+        if self.commit_in_process:   # after this batch's rows: for the batches after it
+            self._commit_ahead()
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))

@@ -30,8 +30,10 @@ NEEDS_INDEX_ROOM = -(2**62)
 SLOT_PREFETCH_AHEAD = 16
 
 
+@numba.njit(**_JIT)
 def scratch_slots(n_keys: int) -> int:
-    """Power-of-two scratch size for deduplicating ``n_keys`` keys (load <= 0.5)."""
+    """Power-of-two scratch size for deduplicating ``n_keys`` keys (load <= 0.5); a
+    kernel, so that compiled ops size their scratch too."""
     size = 16
     while size < 2 * n_keys:
         size *= 2

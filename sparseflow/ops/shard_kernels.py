@@ -6,8 +6,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from sparseflow.ops.hash_index import mix64
 from sparseflow.ops.batch_kernels import gather_rows
+from sparseflow.ops.hash_index import mix64
+from sparseflow.ops.key_kernels import dedup_tables
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -124,6 +125,120 @@ def lay_out_keys(uniq, weight, owners, table_ends, starts, width, send, place):
             place[u, 0] = o
             place[u, 1] = slot
         start = table_ends[t]
+
+
+@numba.njit(**_JIT)
+def longest_table(key_ends, table_segs):
+    """The most keys any one table has in a batch whose segments end at ``key_ends``
+    (int64 ``[S]``), table t's segments ending at ``table_segs[t]`` (the scratch
+    :func:`route_keys` needs is sized for it)."""
+    longest = 0
+    start = 0
+    for t in range(table_segs.shape[0]):
+        end = key_ends[table_segs[t] - 1] if table_segs[t] > 0 else 0
+        longest = max(longest, end - start)
+        start = max(start, end)
+    return longest
+
+
+@numba.njit(**_JIT)
+def route_keys(keys, key_ends, coefs, table_segs, features, segment_tables, world, mixed,
+               send_count, pad_key, scratch_keys, scratch_tags, generation):
+    """One batch's keys laid out by owner, in one call: every table's keys deduplicated
+    over its features (:func:`key_kernels.dedup_tables`), their owners counted
+    (:func:`owned_unique_keys`), the send buffer's width chosen, the keys laid out
+    (:func:`lay_out_keys`) and each key's place among every table's unique keys found
+    (:func:`place_restores`). What ``KeyRouter.route`` returns, and what the TF2 faces'
+    compiled routing op (``ops/route_ops.py``) outputs.
+
+    Args:
+      keys: int64 ``[K]``, every feature's keys, the features in table order
+        (``features``).
+      key_ends: int64 ``[F]``, each feature's exclusive end in ``keys``.
+      coefs: int32 ``[F]``, what one occurrence of each feature counts.
+      table_segs: int64 ``[T]``, table t's features end at ``table_segs[t]``.
+      features: int64 ``[F]``, the feature (batch order) of each segment.
+      segment_tables: int64 ``[F]``, the table of each segment.
+      world, mixed: the owner rule (:func:`owner_of_key`).
+      send_count: the most unique keys of one table an owner may get (the buffer is
+        ``send_count * T`` wide), or -1: as wide as this batch needs (at least 1).
+      pad_key: the key of unused slots.
+      scratch_keys, scratch_tags, generation: the dedup's scratch
+        (:func:`key_kernels.dedup`), at least ``scratch_slots(longest_table(...))`` long;
+        the call stamps ``generation .. generation + T - 1``.
+
+    Returns:
+      ``(send, counts, place, gather, sizes, overflow)``: int64 ``send [world * width,
+      2]`` (key, weight; padding ``(pad_key, 0)``); int32 ``counts [world, T]``; int32
+      ``place [U, 2]`` (owner, slot) of every table's unique keys one table after another;
+      int32 ``gather [K]`` each key's index in ``place``, feature 0's keys first; int64
+      ``sizes [T + F]``, unique keys per table then keys per feature; ``overflow`` -1, or
+      ``owner * T + table`` of the largest count past ``send_count`` (nothing laid out).
+    """
+    n = keys.shape[0]
+    n_tables = table_segs.shape[0]
+    n_features = key_ends.shape[0]
+    uniq = np.empty(n, np.int64)
+    restore = np.empty(n, np.int32)
+    weight = np.empty(n, np.int64)
+    n_unique = np.zeros(n_tables, np.int64)
+    dedup_tables(keys, key_ends, coefs, table_segs, scratch_keys, scratch_tags, generation,
+                 uniq, restore, weight, n_unique)
+    starts = np.empty(n_tables, np.int64)   # each table's first key in ``keys``
+    at = 0
+    for t in range(n_tables):
+        starts[t] = at
+        if table_segs[t] > 0:
+            at = max(at, key_ends[table_segs[t] - 1])
+    total = 0
+    for t in range(n_tables):
+        total += n_unique[t]
+    uniq_all = np.empty(total, np.int64)
+    weight_all = np.empty(total, np.int64)
+    owner_all = np.empty(total, np.int32)
+    table_ends = np.empty(n_tables, np.int64)
+    counts = np.empty((world, n_tables), np.int32)
+    owned_unique_keys(uniq, weight, starts, n_unique, world, mixed, uniq_all, weight_all,
+                      owner_all, table_ends, counts)
+    sizes = np.empty(n_tables + n_features, np.int64)
+    sizes[:n_tables] = n_unique
+    if send_count >= 0:
+        largest, overflow = send_count, -1
+        for r in range(world):
+            for t in range(n_tables):
+                if counts[r, t] > largest:
+                    largest, overflow = counts[r, t], r * n_tables + t
+        if overflow >= 0:
+            return (np.empty((0, 2), np.int64), counts, np.empty((0, 2), np.int32),
+                    np.empty(0, np.int32), sizes, overflow)
+        width = send_count * n_tables
+    else:
+        width = 1
+        for r in range(world):
+            row = 0
+            for t in range(n_tables):
+                row += counts[r, t]
+            width = max(width, row)
+    cursor = np.empty((world, n_tables), np.int64)   # table t's next slot in owner r's row
+    for r in range(world):
+        slot = 0
+        for t in range(n_tables):
+            cursor[r, t] = slot
+            slot += counts[r, t]
+    send = np.empty((world * width, 2), np.int64)
+    send[:, 0] = pad_key
+    send[:, 1] = 0
+    place = np.empty((total, 2), np.int32)
+    lay_out_keys(uniq_all, weight_all, owner_all, table_ends, cursor, width, send, place)
+    lengths = np.zeros(n_features, np.int64)
+    previous = 0
+    for j in range(n_features):
+        lengths[features[j]] = key_ends[j] - previous
+        previous = key_ends[j]
+    sizes[n_tables:] = lengths
+    gather = np.empty(n, np.int32)
+    place_restores(restore, lengths, features, segment_tables, table_ends - n_unique, gather)
+    return send, counts, place, gather, sizes, np.int64(-1)
 
 
 @numba.njit(**_JIT)

@@ -32,6 +32,7 @@ from numba.core.extending import intrinsic
 
 TF_FLOAT = 1              # TF_DataType (tensorflow/c/tf_datatype.h)
 TF_INT64 = 9
+TF_INT32 = 3
 TF_OK = 0                 # TF_Code (tensorflow/c/tf_status.h)
 TF_INVALID_ARGUMENT = 3
 TF_FAILED_PRECONDITION = 9
@@ -84,6 +85,7 @@ float32_pointer = _pointer_intrinsic(types.float32)
 float64_pointer = _pointer_intrinsic(types.float64)
 int32_pointer = _pointer_intrinsic(types.int32)
 int64_pointer = _pointer_intrinsic(types.int64)
+uint8_pointer = _pointer_intrinsic(types.uint8)
 
 # Called from kernels (handles as integers). Declared by symbol, not as ctypes pointers, so
 # numba caches the kernels that call them (a ctypes pointer is a run-time constant, which

@@ -128,7 +128,9 @@ class _StateLock:
                 raise
 
 
-def _thread_scratch(n_keys: int) -> _Scratch:
+def thread_scratch(n_keys: int) -> _Scratch:
+    """This thread's dedup scratch (``keys``, ``tags``, ``next_generation``), grown to
+    deduplicate ``n_keys`` keys in one table (``key_kernels.dedup``)."""
     size = kk.scratch_slots(n_keys)
     if _SCRATCH.tags.shape[0] < size:
         _SCRATCH.keys = np.zeros(size, np.int64)
@@ -201,7 +203,7 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
     uniq = np.empty(n, np.int64)
     weight = np.empty(n, np.int64)
     n_unique = np.zeros(table_segs.shape[0], np.int64)
-    scratch = _thread_scratch(longest)
+    scratch = thread_scratch(longest)
     kk.dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch.keys, scratch.tags,
                     scratch.next_generation(table_segs.shape[0]), uniq, restore, weight,
                     n_unique)

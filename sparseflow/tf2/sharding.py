@@ -17,7 +17,7 @@ import tensorflow as tf
 from sparseflow.distributed.batch_exchange import BatchExchange, split_per_feature
 from sparseflow.distributed.exchange import GROUP_KEY, CountedExchange
 from sparseflow.distributed.routing import KeyRouter
-from sparseflow.weak_owner import weak
+from sparseflow.ops.route_ops import route_keys_op
 
 # Above the eager Exchange's groups (GROUP_KEY .. GROUP_KEY + 2).
 TF2_GROUP_KEY = GROUP_KEY + 10
@@ -77,7 +77,8 @@ class BoundSharding:
         self.rank, self.world_size = sharding.rank, sharding.world_size
         self.tables = tables
         self.router = KeyRouter(tables, feature_tables, [1] * len(feature_tables),
-                                sharding.world_size)
+                                sharding.world_size, commit_in_process=True)
+        self._route_config = self.router.route_config()
         from sparseflow.distributed.graph_world import collective_timeout
         self.exchange = CountedExchange(sharding.world_size, collective_timeout(),
                                         TF2_GROUP_KEY)
@@ -86,21 +87,12 @@ class BoundSharding:
         """The batch's ids (per feature, int64 ``[n]``) laid out by owner: what
         ``preprocess`` returns (under ``route/...`` keys; ``route/stamped`` when the batch
         has a timestamp)."""
-        n, n_tables = self.world_size, len(self.tables)
-        # Weakly: TensorFlow keeps a TF2 numpy function for the life of the process.
-        router = weak(self.router, "key router of the sharded tables")
-
-        @tf.autograph.experimental.do_not_convert
-        def route(*keys):
-            return router().route(list(keys))
-
-        send, counts, place, gather, sizes = tf.numpy_function(
-            route, ids, [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64], stateful=True,
-            name="sparseflow_tf2_route_keys")
-        out = dict(zip(_ROUTE, (
-            tf.ensure_shape(send, [n, None, 2]), tf.ensure_shape(counts, [n, n_tables]),
-            tf.ensure_shape(place, [None, 2]), tf.ensure_shape(gather, [None]),
-            tf.ensure_shape(sizes, [n_tables + len(ids)]), tf.cast(timestamp, tf.int64))))
+        # A compiled op, not a numpy function: the Keras layers route in the step, one
+        # table each (``ops/route_ops.py``).
+        send, counts, place, gather, sizes = route_keys_op(
+            self._route_config, ids, name="sparseflow_tf2_route_keys")
+        out = dict(zip(_ROUTE, (send, counts, place, gather, sizes,
+                                tf.cast(timestamp, tf.int64))))
         if stamped:
             out["route/stamped"] = tf.constant(True)
         return out
