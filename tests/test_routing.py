@@ -463,20 +463,25 @@ def test_mix_hash_routes_keys_to_their_mixed_owners():
 # -- 6. helpers --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("counts", [[], [0], [0, 0, 0], [3, 0, 2], [0, 5], [4, 1, 0, 0, 2]])
-def test_take_entries_concatenates_each_senders_range(counts):
-    rng = np.random.default_rng(len(counts))
+@pytest.mark.parametrize("counts", [[[0]], [[3, 0, 2]], [[0, 5], [2, 0]],
+                                    [[4, 1, 0], [0, 0, 2], [1, 1, 1]], np.zeros((2, 0))])
+def test_take_received_concatenates_each_tables_entries_sender_after_sender(counts):
     counts = np.array(counts, np.int32)
-    received = rng.integers(-(2**62), 2**62, (60, 2)).astype(np.int64)
-    received[:, 1] = rng.integers(1, 9, 60)
-    starts = rng.integers(0, 50, counts.shape[0]).astype(np.int64)
-    want = [i for s, c in zip(starts.tolist(), counts.tolist()) for i in range(s, s + c)]
-    size = int(counts.sum())
-    entries, keys = np.empty(size, np.int64), np.empty(size, np.int64)
-    weights = np.empty(size, np.int32)
-    shard_kernels.take_entries(received, starts, counts, entries, keys, weights)
-    assert entries.tolist() == want
+    n, n_tables = counts.shape
+    m = int(counts.sum(1).max(initial=0)) + 2       # rows padded past their entries
+    rng = np.random.default_rng(counts.size)
+    received = rng.integers(-(2**62), 2**62, (n * m, 2)).astype(np.int64)
+    received[:, 1] = rng.integers(1, 9, n * m)
+    want, ends = [], []
+    for t in range(n_tables):                       # table t's range in sender s's row
+        for s in range(n):
+            first = s * m + int(counts[s, :t].sum())
+            want.extend(range(first, first + int(counts[s, t])))
+        ends.append(len(want))
+    entries, keys, weights, got_ends = shard_kernels.take_received(received, counts, m)
+    assert entries.tolist() == want and got_ends.tolist() == ends
     assert keys.tolist() == [int(received[i, 0]) for i in want]
+    assert weights.dtype == np.int32
     assert weights.tolist() == [int(received[i, 1]) for i in want]
 
 

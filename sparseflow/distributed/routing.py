@@ -220,25 +220,16 @@ class KeyRouter:
         """
         n, m = received.shape[0], received.shape[1]
         self.widths.append(m)
-        flat = np.ascontiguousarray(received.reshape(n * m, 2))
-        counts = np.ascontiguousarray(counts, np.int32)
-        starts = np.cumsum(counts, axis=1) - counts + (np.arange(n, dtype=np.int64) * m)[:, None]
-        totals = counts.sum(axis=0)
         # Each received entry is its own segment, its weight the occurrences it stands for:
         # the key processor adds them up per key exactly as one worker would. Every table's
-        # entries go through one dedup kernel call.
-        ends = np.cumsum(totals, dtype=np.int64)
-        total = int(ends[-1]) if ends.shape[0] else 0
-        keys, weights = np.empty(total, np.int64), np.empty(total, np.int32)
-        entries = []
-        for t, (start, end) in enumerate(zip(ends - totals, ends)):
-            entries.append(np.empty(end - start, np.int64))
-            shard_kernels.take_entries(flat, np.ascontiguousarray(starts[:, t]),
-                                       np.ascontiguousarray(counts[:, t]), entries[t],
-                                       keys[start:end], weights[start:end])
+        # entries are taken in one kernel call and go through one dedup kernel call.
+        positions, keys, weights, ends = shard_kernels.take_received(
+            np.ascontiguousarray(received.reshape(n * m, 2), np.int64),
+            np.ascontiguousarray(counts, np.int32), m)
         _, results = process_tables([table.processor for table in self.tables], keys,
-                                    np.arange(1, total + 1, dtype=np.int64), weights, ends,
-                                    train, timestamp)
+                                    np.arange(1, keys.shape[0] + 1, dtype=np.int64), weights,
+                                    ends, train, timestamp)
+        entries = np.split(positions, ends[:-1])
         tables = list(zip(entries, results))
         if self.commit_in_process:   # after this batch's rows: for the batches after it
             self._commit_ahead()

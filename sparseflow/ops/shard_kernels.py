@@ -242,18 +242,45 @@ def route_keys(keys, key_ends, coefs, table_segs, features, segment_tables, worl
 
 
 @numba.njit(**_JIT)
-def take_entries(received, row_starts, counts, entries, keys, weights):
-    """One table's received entries: for each sender s, ``counts[s]`` entries from flat
-    position ``row_starts[s]`` of ``received`` (int64 ``[N * m, 2]``): their flat positions,
-    keys and weights (int32), concatenated in sender order."""
+def take_received(received, counts, m):
+    """Every table's received entries, one table after another: what an owner's key
+    processing takes from an exchange's keys in one call.
+
+    Args:
+      received: int64 ``[N * m, 2]``, sender s's row at ``s * m``: every table's
+        (key, weight) entries one table after another (``lay_out_keys``'s layout).
+      counts: int32 ``[N, T]``, how many entries of sender s's row belong to table t.
+      m: the width of a row.
+
+    Returns:
+      ``(entries, keys, weights, ends)``: int64 flat positions in ``received``, int64
+      keys, int32 weights of table 0's entries (sender after sender), then table 1's, ...;
+      int64 ``ends [T]``, table t's exclusive end among them.
+    """
+    n, n_tables = counts.shape[0], counts.shape[1]
+    ends = np.empty(n_tables, np.int64)
+    total = 0
+    for t in range(n_tables):
+        for r in range(n):
+            total += counts[r, t]
+        ends[t] = total
+    entries = np.empty(total, np.int64)
+    keys = np.empty(total, np.int64)
+    weights = np.empty(total, np.int32)
+    cursor = np.empty(n, np.int64)   # where table t starts in each sender's row
+    for r in range(n):
+        cursor[r] = r * m
     i = 0
-    for s in range(row_starts.shape[0]):
-        for j in range(counts[s]):
-            e = row_starts[s] + j
-            entries[i] = e
-            keys[i] = received[e, 0]
-            weights[i] = np.int32(received[e, 1])
-            i += 1
+    for t in range(n_tables):
+        for r in range(n):
+            first = cursor[r]
+            for e in range(first, first + counts[r, t]):
+                entries[i] = e
+                keys[i] = received[e, 0]
+                weights[i] = np.int32(received[e, 1])
+                i += 1
+            cursor[r] = first + counts[r, t]
+    return entries, keys, weights, ends
 
 
 @numba.njit(**_JIT)
