@@ -1,8 +1,15 @@
-"""The cost of the Python boundary: one batch's gradient sum as a ``tf.numpy_function``
-against the same sum as a compiled op (``sparseflow.ops.batch_ops.sum_tables``, a numba
-kernel registered through TensorFlow's C API), in a Session graph.
+"""The cost of the Python boundary: a kernel as a ``tf.numpy_function`` against the same
+kernel as a compiled op (a numba kernel registered through TensorFlow's C API), in a Session
+graph. Two workloads (``--workload``):
 
-Workload: the e2e step's shape (``benchmarks/e2e.py``): 26 tables, one single-hot feature
+- ``sum``: one batch's gradient sum (``sparseflow.ops.batch_ops.sum_tables``) in the e2e
+  step's shape (below);
+- ``route``: one Keras layer's routing of its ids on 2 ranks (``ops/route_ops.py``): one
+  table, 2,048 Zipf keys (a rank's half of the ranks benchmark's global batch of 4,096),
+  ``KeyRouter.route`` in a numpy function (what ``tf2/sharding.py`` ran before) against
+  ``SparseflowRouteKeys``.
+
+The ``sum`` workload: the e2e step's shape (``benchmarks/e2e.py``): 26 tables, one single-hot feature
 each, 4096 keys per feature, ~1,100 unique rows per table, dim 16. Each Session.run executes
 ``--chain`` sums one after another (control dependencies), so a call's time is the run's over
 the chain, without Session.run's own cost. Both forms run twice per round, interleaved:
@@ -16,7 +23,8 @@ The numpy function form is what ``sparseflow/lookup.py`` ran before the compiled
 same kernel (``batch_kernels.sum_tables``) into an aligned output. Both forms' sums are
 checked equal before anything is timed.
 
-Run: .venv/bin/python benchmarks/bench_op_boundary.py [--rounds N] [--write]
+Run: .venv/bin/python benchmarks/bench_op_boundary.py [--workload sum|route] [--rounds N]
+[--write]
 """
 
 from __future__ import annotations
@@ -65,30 +73,73 @@ def _numpy_sum(member_rows, member_restore, n_parts):
     return total
 
 
-def build(kind: str, batch, chain: int):
-    """A graph whose one fetch runs ``chain`` sums of ``kind`` ("numpy_function" or "op")
-    one after another; returns (graph, fetch, the last sum)."""
+def _sum_forms(batch):
+    """The ``sum`` workload: its inputs as arrays, and the two forms, each a function of
+    the inputs' tensors returning the output tensor."""
     flat, sizes, member_rows, member_restore, n_parts, grads = batch
+    total = _numpy_sum(member_rows, member_restore, n_parts)
+
+    def op(flat_t, sizes_t, *grad_ts):
+        return batch_ops.sum_tables(flat_t, sizes_t, member_rows, member_restore, n_parts,
+                                    list(grad_ts))
+
+    def numpy_function(flat_t, sizes_t, *grad_ts):
+        return tf.numpy_function(total, [flat_t, sizes_t, *grad_ts], tf.float32,
+                                 stateful=True)
+
+    return [flat, sizes, *grads], {"op": op, "numpy_function": numpy_function}
+
+
+ROUTE_KEYS, ROUTE_RANKS = 2048, 2
+
+
+def _route_forms(rng):
+    """The ``route`` workload: one table's keys, and the two forms (outputs: the send
+    buffer; the op's other outputs are checked equal too, by :func:`_route_check`)."""
+    from sparseflow import tf2
+    from sparseflow.distributed.routing import KeyRouter
+    from sparseflow.ops import route_ops
+
+    embedding = tf2.Embedding({"ids": tf2.FeatureConfig(tf2.TableConfig(
+        200_000, DIM, tf.compat.v1.truncated_normal_initializer(stddev=0.05), name="t"))},
+        tf2.Adam(0.01))
+    # As tf2/sharding.py builds it: its next rows are made resident in process, not route.
+    router = KeyRouter(list(embedding.tables.values()), [0], [1], ROUTE_RANKS,
+                       commit_in_process=True)
+    config = router.route_config()
+    keys = (rng.zipf(1.2, ROUTE_KEYS) % 1_000_003).astype(np.int64)
+
+    def op(keys_t):
+        return route_ops.route_keys_op(config, [keys_t])
+
+    def numpy_function(keys_t):
+        return tf.numpy_function(lambda k: router.route([k]), [keys_t],
+                                 [tf.int64, tf.int32, tf.int32, tf.int32, tf.int64],
+                                 stateful=True)
+
+    _route_forms.keep = embedding   # the router's tables live as long as the graphs
+    return [keys], {"op": op, "numpy_function": numpy_function}
+
+
+WORKLOADS = {"sum": lambda rng: _sum_forms(_batch(rng)), "route": _route_forms}
+
+
+def build(form, inputs: list, chain: int):
+    """A graph whose one fetch runs ``chain`` calls of ``form`` one after another; returns
+    (graph, fetch, the last call's outputs)."""
     graph = tf.Graph()
     with graph.as_default():
         # Variables, not constants: Grappler would fold a stateless op over constants into
         # a constant before the first run (the training step's inputs come from its batch).
-        flat_t, sizes_t = (tf.Variable(x).read_value() for x in (flat, sizes))
-        grad_ts = [tf.Variable(g).read_value() for g in grads]
-        total = _numpy_sum(member_rows, member_restore, n_parts)
-        previous = None
+        tensors = [tf.Variable(x).read_value() for x in inputs]
+        previous = []
         outs = []
         for _ in range(chain):
-            with tf.control_dependencies([previous] if previous is not None else []):
-                if kind == "op":
-                    out = batch_ops.sum_tables(flat_t, sizes_t, member_rows, member_restore,
-                                               n_parts, grad_ts)
-                else:
-                    out = tf.numpy_function(total, [flat_t, sizes_t, *grad_ts], tf.float32,
-                                            stateful=True)
+            with tf.control_dependencies(tf.nest.flatten(previous)):
+                out = form(*tensors)
             previous = out
             outs.append(out)
-        fetch = tf.group(outs)
+        fetch = tf.group(tf.nest.flatten(outs))
     return graph, fetch, outs[-1]
 
 
@@ -124,13 +175,14 @@ def per_call_us(session, fetch, chain: int, runs: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sum")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--chain", type=int, default=20)
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
     a = p.parse_args(argv)
-    batch = _batch(np.random.default_rng(0))
-    built = {kind: build(kind, batch, a.chain) for kind in ("numpy_function", "op")}
+    inputs, forms = WORKLOADS[a.workload](np.random.default_rng(0))
+    built = {kind: build(forms[kind], inputs, a.chain) for kind in ("numpy_function", "op")}
     sessions = {}
     # Without Grappler: its dependency optimizer drops a chain of stateless ops whose
     # outputs nothing reads (the training step's sums feed the update).
@@ -141,7 +193,8 @@ def main(argv=None) -> int:
         with graph.as_default():
             sessions[kind].run(tf.compat.v1.global_variables_initializer())
     ref, got = (sessions[k].run(built[k][2]) for k in ("numpy_function", "op"))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    for r, g in zip(tf.nest.flatten(ref), tf.nest.flatten(got), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
     results = {(kind, beside): [] for kind in built for beside in (False, True)}
     for r in range(a.rounds):
@@ -161,23 +214,14 @@ def main(argv=None) -> int:
     ratio = {b: statistics.median(n / o for n, o in zip(results[("numpy_function", b)],
                                                         results[("op", b)]))
              for b in (False, True)}
-    lines = [
-        "## Compiled op against numpy function: the gradient sum's boundary",
-        "",
-        "Command: `.venv/bin/python benchmarks/bench_op_boundary.py --write` (about a minute).",
-        "",
+    lines = [*_intro(a), "",
         f"Machine: {machine_line(tensorflow=tf.__version__, numpy=np.__version__)}. Load "
         f"average at the end: {os.getloadavg()[0]:.2f}.",
         "",
-        (f"One batch's gradient sum in the e2e step's shape ({N_TABLES} tables, {KEYS} keys "
-         f"per feature, {UNIQUE} unique rows per table, dim {DIM}): the same numba kernel "
-         "(`batch_kernels.sum_tables`) as a `tf.numpy_function` (what `sparseflow/lookup.py` "
-         "ran before) and as the compiled op `SparseflowSumTables` (`ops/batch_ops.py`, "
-         "registered through TensorFlow's C API, `ops/tf_capi.py`). Per call: a Session.run "
-         f"of {a.chain} chained calls over {a.chain}, median of {a.runs} runs, then the "
-         f"median over {a.rounds} interleaved rounds; \"beside Python\" runs a thread of pure "
-         "Python throughout, as the input pipeline's numpy function runs Python between its "
-         "kernels."),
+        f"Per call: a Session.run of {a.chain} chained calls over {a.chain}, median of "
+        f"{a.runs} runs, then the median over {a.rounds} interleaved rounds; \"beside "
+        "Python\" runs a thread of pure Python throughout, as the input pipeline's numpy "
+        "function runs Python between its kernels.",
         "",
         "| form | alone, us per call | beside Python, us per call |",
         "|---|---:|---:|",
@@ -197,6 +241,29 @@ def main(argv=None) -> int:
     if a.write:
         replace_section(text)
     return 0
+
+
+def _intro(a) -> list:
+    """The section's heading, command and workload."""
+    if a.workload == "sum":
+        return [
+            "## Compiled op against numpy function: the gradient sum's boundary", "",
+            "Command: `.venv/bin/python benchmarks/bench_op_boundary.py --write` (about a "
+            "minute).", "",
+            f"One batch's gradient sum in the e2e step's shape ({N_TABLES} tables, {KEYS} keys "
+            f"per feature, {UNIQUE} unique rows per table, dim {DIM}): the same numba kernel "
+            "(`batch_kernels.sum_tables`) as a `tf.numpy_function` (what `sparseflow/lookup.py` "
+            "ran before) and as the compiled op `SparseflowSumTables` (`ops/batch_ops.py`, "
+            "registered through TensorFlow's C API, `ops/tf_capi.py`)."]
+    return [
+        "## Compiled op against numpy function: the TF2 faces' routing", "",
+        "Command: `.venv/bin/python benchmarks/bench_op_boundary.py --workload route "
+        "--write` (under a minute).", "",
+        f"One Keras layer's routing of its ids on {ROUTE_RANKS} ranks (one table, "
+        f"{ROUTE_KEYS:,} Zipf keys: a rank's half of `bench_ranks.py`'s global batch): the "
+        "same kernel (`shard_kernels.route_keys`) as `KeyRouter.route` in a "
+        "`tf.numpy_function` (what `tf2/sharding.py` ran before) and as the compiled op "
+        "`SparseflowRouteKeys` (`ops/route_ops.py`); every output checked equal first."]
 
 
 if __name__ == "__main__":
