@@ -1,6 +1,7 @@
-"""The cost of the Python boundary: a kernel as a ``tf.numpy_function`` against the same
-kernel as a compiled op (a numba kernel registered through TensorFlow's C API), in a Session
-graph. Two workloads (``--workload``):
+"""The cost of the Python boundary: one kernel as a numpy function and as a compiled op.
+
+The same numba kernel as a ``tf.numpy_function`` and as a compiled op (registered through
+TensorFlow's C API), in a Session graph. Two workloads (``--workload``):
 
 - ``sum``: one batch's gradient sum (``sparseflow.ops.batch_ops.sum_tables``) in the e2e
   step's shape (below);
