@@ -90,21 +90,38 @@ def test_in_a_graph_the_routing_is_one_compiled_op_with_static_ranks():
                 router.route(batch))
 
 
-@pytest.mark.parametrize("change", ["length", "order", "world", "table", "features"])
+# make_router's config: [world, mixed, T=2, F=3, order 1 2 0, coefs 1 3 1, table ends 2 3,
+# segment tables 0 0 1] (features 1 and 2 read table 0, feature 0 table 1).
+CHANGES = {
+    "length": lambda c: c[:-1],
+    "order": lambda c: _set(c, slice(4, 7), [0, 0, 2]),     # feature 0 twice, 1 never
+    "world": lambda c: _set(c, 0, 0),
+    "mixed": lambda c: _set(c, 1, 2),
+    "table": lambda c: _set(c, -1, 7),                       # outside [0, T)
+    "inconsistent": lambda c: _set(c, slice(12, 15), [0, 1, 1]),   # segment 1 is table 0's
+    "short ends": lambda c: _set(c, slice(10, 12), [1, 1]),  # the last end before F
+    "decreasing ends": lambda c: _set(c, slice(10, 12), [3, 2]),
+}
+
+
+def _set(config, where, value):
+    config[where] = value
+    return config
+
+
+def test_make_routers_config_is_the_one_the_changes_below_assume():
+    assert make_router(2).route_config().tolist() == [2, 0, 2, 3, 1, 2, 0, 1, 3, 1, 2, 3,
+                                                      0, 0, 1]
+
+
+@pytest.mark.parametrize("change", [*CHANGES, "features"])
 def test_a_config_that_does_not_describe_the_inputs_is_refused_by_the_op(change):
-    router = make_router(2)
-    config = router.route_config()
+    config = make_router(2).route_config()
     keys = [tf.constant([1, 2], tf.int64)] * 3
-    if change == "length":
-        config = config[:-1]
-    elif change == "order":        # feature 0 twice, feature 1 never
-        config[4:7] = [0, 0, 2]
-    elif change == "world":
-        config[0] = 0
-    elif change == "table":        # a segment's table outside [0, T)
-        config[-1] = 7
-    else:
+    if change == "features":
         keys = keys[:2]
+    else:
+        config = CHANGES[change](config)
     with pytest.raises(tf.errors.InvalidArgumentError, match="SparseflowRouteKeys: config"):
         route_ops.route_keys_op(config, keys)
 
@@ -112,6 +129,31 @@ def test_a_config_that_does_not_describe_the_inputs_is_refused_by_the_op(change)
 def test_a_router_with_a_send_count_has_no_compiled_routing():
     with pytest.raises(ValueError, match="send_count.*12"):
         make_router(2, send_count=12).route_config()
+
+
+def test_the_tf2_faces_route_with_the_op_and_commit_ahead_in_process():
+    from sparseflow.tf2.sharding import Tf2Sharding
+
+    router = make_router(2)
+    bound = Tf2Sharding(0, 2).bind(router.tables, [1, 0, 0])
+    assert bound.router.commit_in_process and not router.commit_in_process
+
+    @tf.function
+    def route(a, b, c):
+        return bound.route(tf.constant(7, tf.int64), [a, b, c], stamped=False)
+
+    spec = tf.TensorSpec([None], tf.int64)
+    types = [op.type for op in route.get_concrete_function(spec, spec, spec)
+             .graph.get_operations()]
+    assert route_ops.ROUTE_KEYS in types
+    assert not {"PyFunc", "PyFuncStateless", "EagerPyFunc"} & set(types)
+    batch = [np.array([1, 5, 1]), np.array([6, 7]), np.array([2, 9])]
+    out = route(*(tf.constant(k) for k in batch))
+    # The TF2 faces count each occurrence once (no faae coefficients).
+    reference = KeyRouter(router.tables, [1, 0, 0], [1, 1, 1], world_size=2)
+    assert_same([out[k].numpy() for k in ("route/send", "route/counts", "route/place",
+                                          "route/gather", "route/sizes")],
+                reference.route(batch))
 
 
 def test_a_router_routed_by_the_op_commits_its_rows_ahead_in_process(monkeypatch):

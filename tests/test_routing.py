@@ -463,12 +463,13 @@ def test_mix_hash_routes_keys_to_their_mixed_owners():
 # -- 6. helpers --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("padding", [0, 2])
 @pytest.mark.parametrize("counts", [[[0]], [[3, 0, 2]], [[0, 5], [2, 0]],
                                     [[4, 1, 0], [0, 0, 2], [1, 1, 1]], np.zeros((2, 0))])
-def test_take_received_concatenates_each_tables_entries_sender_after_sender(counts):
+def test_take_received_concatenates_each_tables_entries_sender_after_sender(counts, padding):
     counts = np.array(counts, np.int32)
     n, n_tables = counts.shape
-    m = int(counts.sum(1).max(initial=0)) + 2       # rows padded past their entries
+    m = max(int(counts.sum(1).max(initial=0)) + padding, 1)   # the widest row full or not
     rng = np.random.default_rng(counts.size)
     received = rng.integers(-(2**62), 2**62, (n * m, 2)).astype(np.int64)
     received[:, 1] = rng.integers(1, 9, n * m)
@@ -478,11 +479,23 @@ def test_take_received_concatenates_each_tables_entries_sender_after_sender(coun
             first = s * m + int(counts[s, :t].sum())
             want.extend(range(first, first + int(counts[s, t])))
         ends.append(len(want))
-    entries, keys, weights, got_ends = shard_kernels.take_received(received, counts, m)
-    assert entries.tolist() == want and got_ends.tolist() == ends
+    entries, keys, weights, got_ends, ok = shard_kernels.take_received(received, counts, m)
+    assert ok and entries.tolist() == want and got_ends.tolist() == ends
     assert keys.tolist() == [int(received[i, 0]) for i in want]
     assert weights.dtype == np.int32
     assert weights.tolist() == [int(received[i, 1]) for i in want]
+
+
+@pytest.mark.parametrize("counts", [[[2, -1]], [[3, 2]], [[1, 1], [0, 5]]])
+def test_counts_that_do_not_fit_the_received_buffer_are_refused_before_anything_is_read(
+        counts):
+    counts = np.array(counts, np.int32)              # m = 4 below
+    received = np.zeros((counts.shape[0] * 4, 2), np.int64)
+    assert not shard_kernels.take_received(received, counts, 4)[-1]
+    router = make_router(counts.shape[0])
+    with pytest.raises(ValueError, match=r"counts received .* (1|2) x 4 entries"):
+        router.process(received.reshape(counts.shape[0], 4, 2), counts, None, True)
+    assert not router._pending                       # noqa: SLF001 -- nothing was taken
 
 
 @pytest.mark.parametrize("mixed", [False, True])

@@ -223,19 +223,25 @@ class KeyRouter:
         # Each received entry is its own segment, its weight the occurrences it stands for:
         # the key processor adds them up per key exactly as one worker would. Every table's
         # entries are taken in one kernel call and go through one dedup kernel call.
-        positions, keys, weights, ends = shard_kernels.take_received(
-            np.ascontiguousarray(received.reshape(n * m, 2), np.int64),
-            np.ascontiguousarray(counts, np.int32), m)
+        counts = np.ascontiguousarray(counts, np.int32)
+        positions, keys, weights, ends, ok = shard_kernels.take_received(
+            np.ascontiguousarray(received.reshape(n * m, 2), np.int64), counts, m)
+        if not ok:
+            raise ValueError(
+                f"The counts received with a step's keys do not describe its buffer of "
+                f"{n} x {m} entries (each count >= 0, each sender's at most {m}): "
+                f"{counts.tolist()[:8]}. The ranks run different code or a message was "
+                f"corrupted.")
         _, results = process_tables([table.processor for table in self.tables], keys,
                                     np.arange(1, keys.shape[0] + 1, dtype=np.int64), weights,
                                     ends, train, timestamp)
         entries = np.split(positions, ends[:-1])
         tables = list(zip(entries, results))
-        if self.commit_in_process:   # after this batch's rows: for the batches after it
-            self._commit_ahead()
         with self._lock:
             token = next(self._tokens)
             self._pending[token] = _Pending(n, m, train, tables, [None] * len(tables))
+        if self.commit_in_process:   # after this batch's rows: for the batches after it
+            self._commit_ahead()
         return np.int64(token)
 
     @_timed("gather")

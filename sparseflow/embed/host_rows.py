@@ -242,7 +242,9 @@ class HostRows:
         """Makes the memory of the rows the key processor hands out next resident, without
         writing them, so that their first write (:meth:`initialize`) pays no page fault.
 
-        Call from a thread off the step's path (the input pipeline); safe while rows are
+        Call from a thread off the step's path where there is one (the input pipeline;
+        the TF2 faces on several ranks call it from the owner's key processing in the step,
+        where their routing, a compiled op, cannot); safe while rows are
         written (``page_commit.populate_write``). Keeps ``rows_ahead`` to ``2 x rows_ahead``
         rows past ``next_row`` resident: one call in two or fewer does any work. Does nothing
         before the storage exists or once the table is closed.

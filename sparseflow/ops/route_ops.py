@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from numba import types
 
+from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.ops import tf_capi as capi
 from sparseflow.ops.key_kernels import scratch_slots
 from sparseflow.ops.shard_kernels import longest_table, route_keys
@@ -57,6 +58,8 @@ def _config_valid(config, n_inputs):
         if segs[t] < previous or segs[t] > n_features:
             return False
         previous = segs[t]
+    if previous != n_features:   # before the walk below, which relies on it to stop
+        return False
     # Each segment's table must be the one whose feature range holds it.
     t = 0
     for j in range(n_features):
@@ -64,7 +67,7 @@ def _config_valid(config, n_inputs):
             t += 1
         if tables[j] != t:
             return False
-    return previous == n_features
+    return True
 
 
 @numba.njit(nogil=True, cache=True)
@@ -101,7 +104,16 @@ def _route_body(context, status, scratch, config):
         capi.delete_handles(handles)
         capi.fail(context, status, _TOO_LARGE)
         return
-    keys = np.empty(total, np.int64)
+    keys = np.empty(0, np.int64)
+    allocated = True
+    try:   # the inputs' handles are open: an allocation that raises must still free them
+        keys = np.empty(total, np.int64)
+    except Exception:  # noqa: BLE001
+        allocated = False
+    if not allocated:
+        capi.delete_handles(handles)
+        capi.fail(context, status, _KERNEL_ERROR)
+        return
     start = 0
     for j in range(n_features):
         n = key_ends[j] - start
@@ -111,8 +123,8 @@ def _route_body(context, status, scratch, config):
     capi.delete_handles(handles)
     size = scratch_slots(longest_table(key_ends, table_segs))
     send, counts, place, gather, sizes, _ = route_keys(
-        keys, key_ends, coefs, table_segs, order, segment_tables, world, mixed, -1,
-        np.int64(-1), np.zeros(size, np.int64), np.zeros(size, np.int64), 1)
+        keys, key_ends, coefs, table_segs, order, segment_tables, world, mixed, -1, PAD_KEY,
+        np.zeros(size, np.int64), np.zeros(size, np.int64), 1)
     shape = np.empty(3, np.int64)
     shape[0], shape[1], shape[2] = world, send.shape[0] // world, 2
     if (_emit(context, status, 0, capi.TF_INT64, shape, send.ctypes.data, send.size * 8)

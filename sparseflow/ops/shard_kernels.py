@@ -253,12 +253,24 @@ def take_received(received, counts, m):
       m: the width of a row.
 
     Returns:
-      ``(entries, keys, weights, ends)``: int64 flat positions in ``received``, int64
+      ``(entries, keys, weights, ends, ok)``: int64 flat positions in ``received``, int64
       keys, int32 weights of table 0's entries (sender after sender), then table 1's, ...;
-      int64 ``ends [T]``, table t's exclusive end among them.
+      int64 ``ends [T]``, table t's exclusive end among them; ``ok`` False (nothing taken)
+      when a count is negative, a sender's counts add up past ``m`` or ``received`` has
+      fewer than ``N * m`` rows (the counts came from another rank).
     """
     n, n_tables = counts.shape[0], counts.shape[1]
     ends = np.empty(n_tables, np.int64)
+    ok = received.shape[0] >= n * m
+    for r in range(n):
+        row = 0
+        for t in range(n_tables):
+            ok = ok and counts[r, t] >= 0
+            row += counts[r, t]
+        ok = ok and row <= m
+    if not ok:
+        return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), ends,
+                False)
     total = 0
     for t in range(n_tables):
         for r in range(n):
@@ -280,7 +292,7 @@ def take_received(received, counts, m):
                 weights[i] = np.int32(received[e, 1])
                 i += 1
             cursor[r] = first + counts[r, t]
-    return entries, keys, weights, ends
+    return entries, keys, weights, ends, True
 
 
 @numba.njit(**_JIT)
