@@ -59,11 +59,6 @@ def worker(variant: str, parquet: str, code: str) -> dict:
     return {"wall_ms": wall, "cpu_ms": cpu}
 
 
-def run(variant: str, code: str, parquet: str) -> dict:
-    return report.worker_result(__file__, [variant, parquet, code], code, cwd=code,
-                                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-
-
 def main() -> None:
     args = report.command_line(__doc__.splitlines()[0], worker, 3, rounds=5,
                                add_arguments=report.add_baseline_argument)
@@ -77,7 +72,8 @@ def main() -> None:
         for r in range(args.rounds):
             for c, code in codes.items():
                 for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
-                    runs[c, variant].append(run(variant, code, parquet))
+                    runs[c, variant].append(
+                        report.checkout_result(__file__, [variant, parquet, code], code))
                     x = runs[c, variant][-1]
                     print(f"round {r + 1} {c} {variant}: wall {x['wall_ms']:.2f} ms, cpu "
                           f"{x['cpu_ms']:.2f} ms per batch", flush=True)

@@ -67,10 +67,8 @@ def main() -> None:
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {c: [] for c in codes}
     for r in range(args.rounds):
-        for c, code in (list(codes.items()) if r % 2 == 0 else list(codes.items())[::-1]):
-            rss = report.worker_result(__file__, [code, args.cycles], code, cwd=code,
-                                       TF_CPP_MIN_LOG_LEVEL="3",
-                                       CUDA_VISIBLE_DEVICES="")["rss_mb"]
+        for c, code in report.in_turn(codes, r):
+            rss = report.checkout_result(__file__, [code, args.cycles], code)["rss_mb"]
             runs[c].append(rss)
             print(f"round {r + 1} {c}: RSS after each run " + ", ".join(f"{x:.0f}" for x in rss)
                   + " MB", flush=True)

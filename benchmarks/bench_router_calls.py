@@ -76,11 +76,6 @@ def worker(workload: str, code: str) -> dict:
     return out
 
 
-def run(workload: str, code: str) -> dict:
-    return report.worker_result(__file__, [workload, code], code, cwd=code,
-                                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-
-
 def main() -> None:
     args = report.command_line(__doc__.splitlines()[0], worker, 2, rounds=5,
                                add_arguments=report.add_baseline_argument)
@@ -90,9 +85,10 @@ def main() -> None:
     load_start, started = os.getloadavg()[0], time.monotonic()
     runs = {(c, w): [] for c in codes for w in WORKLOADS}
     for r in range(args.rounds):
-        for c, code in (list(codes.items()) if r % 2 == 0 else list(codes.items())[::-1]):
+        for c, code in report.in_turn(codes, r):
             for workload in WORKLOADS:
-                runs[c, workload].append(run(workload, code))
+                runs[c, workload].append(report.checkout_result(__file__, [workload, code],
+                                                                code))
                 x = runs[c, workload][-1]
                 print(f"round {r + 1} {c} {workload}: " + ", ".join(
                     f"{s} {x[s]:.0f} us" for s in (*STAGES, "step")), flush=True)

@@ -77,6 +77,21 @@ def worker_result(script: str, worker_args: list, pythonpath: str, *, cwd: str |
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def checkout_result(script: str, worker_args: list, code: str) -> dict:
+    """:func:`worker_result` of ``script`` with the checkout ``code``'s sparseflow: run from
+    ``code``, with it on ``PYTHONPATH``, TensorFlow's logs quiet and no GPU (the runs of a
+    ``--baseline`` benchmark)."""
+    return worker_result(script, worker_args, code, cwd=code, TF_CPP_MIN_LOG_LEVEL="3",
+                         CUDA_VISIBLE_DEVICES="")
+
+
+def in_turn(codes: dict, round_index: int) -> list:
+    """``codes``' ``(label, path)`` items in the order a round measures them: as given on
+    even rounds, reversed on odd ones, so that neither checkout always runs first."""
+    items = list(codes.items())
+    return items if round_index % 2 == 0 else items[::-1]
+
+
 def alternating_rounds(script: str, variants: tuple, args, rounds: int) -> dict:
     """Runs each variant of ``script`` once per round, each in its own process (``script
     --worker VARIANT --batch --warmup --steps``, printing a JSON dict as its last line),
