@@ -395,12 +395,13 @@ def exchange_face(steps: int, global_batch: int, workdir: str) -> dict:
     for _ in range(n_exchanges):
         send = tf.fill([size, width, 2], tf.constant(PAD_KEY, tf.int64))
         counts = tf.fill([size, tables], width // tables)
-        received, _, _ = ex.all_to_all_dynamic(send, counts, PAD_KEY,
-                                               tf.constant(0, tf.int64))
+        received, _, _, rung = ex.all_to_all_dynamic(send, counts, PAD_KEY,
+                                                     tf.constant(0, tf.int64),
+                                                     with_rung=True)
         m = tf.shape(received)[1]
-        back = ex.all_to_all(tf.zeros(tf.stack([size, m, reply_width])))
+        back = ex.all_to_all(tf.zeros(tf.stack([size, m, reply_width])), rung=rung)
         with tf.control_dependencies([back]):
-            grads = ex.all_to_all(tf.zeros(tf.stack([size, m, DIM])))
+            grads = ex.all_to_all(tf.zeros(tf.stack([size, m, DIM])), rung=rung)
         done += [back, grads]
     with tf.control_dependencies(done[::2]):   # after the rows came back, as the backward
         reduced = collectives.all_reduce(tf.zeros([dense])) if dense else tf.constant(0.0)

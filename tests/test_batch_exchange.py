@@ -20,7 +20,8 @@ class _LoopbackExchange:
     def __init__(self, world_size: int):
         self.world_size = world_size
 
-    def all_to_all(self, x):
+    def all_to_all(self, x, rung=None):
+        del rung
         return tf.identity(x)
 
     # No collective watchdog here: Exchange's span reports nothing.
@@ -64,9 +65,10 @@ def test_an_entry_index_outside_the_layout_is_an_error_not_a_lost_gradient():
 class _LoopbackDynamic(_LoopbackExchange):
     """One worker: the dynamic all-to-all hands the buffer back with its counts."""
 
-    def all_to_all_dynamic(self, x, counts, pad_value=0, also_max=None):
+    def all_to_all_dynamic(self, x, counts, pad_value=0, also_max=None, with_rung=False):
         del pad_value
-        return tf.identity(x), tf.identity(counts), tf.identity(also_max)
+        out = tf.identity(x), tf.identity(counts), tf.identity(also_max)
+        return out + (None,) if with_rung else out
 
 
 @pytest.mark.parametrize("train", [True, False])

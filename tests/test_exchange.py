@@ -247,6 +247,54 @@ def test_counted_exchange_buffers_keep_one_key_per_width_rung():
     assert calls[-2][2][1] == calls[-1][2][1] == 18   # 17 pads to the rung 18
 
 
+def test_a_buffer_already_at_its_rung_is_sent_as_it_is():
+    """An all-to-all told its buffer's rung (``rung=``: the replies to what
+    ``all_to_all_dynamic`` received, whose width is a rung) sends the buffer unpadded and
+    uncut, under the rung's key and the signature's group; ``all_to_all_dynamic`` pads its
+    buffer to the agreed rung once and returns the rung's index with ``with_rung``."""
+    import itertools
+
+    import numpy as np
+    import tensorflow as tf
+
+    from sparseflow.distributed import exchange as exchange_module
+    from sparseflow.distributed import width_buckets
+
+    def pads(graph):
+        return [op for op in graph.get_operations() if op.type in ("Pad", "PadV2")]
+
+    rung = width_buckets.rung_of(18)
+    assert width_buckets.RUNGS[rung] == 18
+    group = exchange_module._signature_group(ALL_TO_ALL_SIGNATURE)
+    for make in (lambda: exchange_module.CountedExchange(2, 5.0, 1010),
+                 lambda: exchange_module.RunKeyedExchange(2, 0.5, itertools.count(7301).__next__)):
+        with tf.Graph().as_default() as graph:
+            ex = make()
+            buffer = tf.compat.v1.placeholder(tf.float32, [2, None, 4])
+            index = tf.compat.v1.placeholder(tf.int32, [])
+            out = ex.all_to_all(buffer, rung=index)
+            assert pads(graph) == []
+            collective = out.op
+            while collective.type == "Identity":
+                collective = collective.inputs[0].op
+            assert collective.type == "CollectiveAllToAllV2"   # nothing cut back
+            if isinstance(ex, exchange_module.CountedExchange):
+                assert tf.get_static_value(collective.inputs[2]) == group
+            with tf.compat.v1.Session() as sess:
+                sent, key = sess.run([collective.inputs[0], collective.inputs[3]],
+                                     {buffer: np.full([2, 18, 4], 3.0), index: rung})
+            np.testing.assert_array_equal(sent, np.full([2, 18, 4], 3.0))
+            assert key == exchange_module.FIRST_RUNG_KEY + rung
+
+    with tf.Graph().as_default() as graph:
+        ex = exchange_module.RunKeyedExchange(2, 0.5, itertools.count(7401).__next__)
+        batch = tf.compat.v1.placeholder(tf.int64, [2, None, 2])
+        out = ex.all_to_all_dynamic(batch, tf.constant([[3], [3]]), -1, with_rung=True)
+        assert len(out) == 4 and out[3].dtype == tf.int32
+        assert len(pads(graph)) == 1   # to the agreed rung, not again to its own
+        assert len(ex.all_to_all_dynamic(batch, tf.constant([[3], [3]]), -1)) == 3
+
+
 def test_collectives_of_other_op_chains_get_other_groups_numbered_per_graph():
     """In a ``tf.function``, the same collective built in two op chains gets two groups
     (the chains' collectives may run at once); chains are numbered in the order first

@@ -47,7 +47,7 @@ class BatchExchange:
         self.send, self.counts, self.place, self.timestamp = send, counts, place, timestamp
         self.train, self.stamped = train, stamped
         self._keep = [keep]   # whether a gradient will come: a cell the numpy functions share
-        self.token = self.m = self.where = None
+        self.token = self.m = self.rung = self.where = None
 
     @property
     def router(self):
@@ -90,8 +90,9 @@ class BatchExchange:
 
         # The counts', keys' and rows' collectives report to the watchdog as one.
         with self.exchange.watched_as_one() as span:
-            received, received_counts, step_time = self.exchange.all_to_all_dynamic(
-                self.send, self.counts, PAD_KEY, self.timestamp)
+            received, received_counts, step_time, self.rung = (
+                self.exchange.all_to_all_dynamic(self.send, self.counts, PAD_KEY,
+                                                 self.timestamp, with_rung=True))
             self.m = tf.shape(received)[1]
             arguments = [received, received_counts, step_time]
             if not any(table.rows_on == "device" for table in router.tables):
@@ -116,7 +117,8 @@ class BatchExchange:
                 flat = tf.tensor_scatter_nd_add(tf.reshape(reply, [-1, width]), entries[:, None],
                                                 values)
                 reply = tf.reshape(flat, tf.shape(reply))
-            back = tf.reshape(self.exchange.all_to_all(reply), [-1, width])
+            # m is the received buffer's rung: the reply goes as it is.
+            back = tf.reshape(self.exchange.all_to_all(reply, rung=self.rung), [-1, width])
         self.where = self.place[:, 0] * self.m + self.place[:, 1]
         if keys is None:
             rows = tf.gather(back, self.where)
@@ -169,7 +171,8 @@ class BatchExchange:
         n, max_dim = self.exchange.world_size, self.router.max_dim
         # Keyed rows: several keys share an entry, so their gradients add up there.
         scattered = sum_rows_by_index(dy, self.where, n * self.m)
-        return self.exchange.all_to_all(tf.reshape(scattered, [n, -1, max_dim]))
+        return self.exchange.all_to_all(tf.reshape(scattered, [n, -1, max_dim]),
+                                        rung=self.rung)
 
     def owner_gradients(self, dy: tf.Tensor) -> list:
         """Per table, the ``IndexedSlices`` its sparse optimizer applies at the owner: each

@@ -62,9 +62,10 @@ class Exchange:
         (the data the collective waits for) is computed."""
         return self.group_key, self._keys(1, after)[0]
 
-    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+    def _run(self, op, x: tf.Tensor, rung=None, **attrs) -> tf.Tensor:
         """Collective ``op`` (a ``tf.raw_ops`` V2 collective) of ``x`` under this
-        exchange's group, its instance key taken once ``x`` is computed."""
+        exchange's group, its instance key taken once ``x`` is computed (``rung``: as
+        :meth:`all_to_all`; no rungs here)."""
         group, key = self._id(after=x)
         return op(input=x, group_size=self.world_size, group_key=group, instance_key=key,
                   ordering_token=[], timeout_seconds=self.timeout_seconds, **attrs)
@@ -76,12 +77,19 @@ class Exchange:
         Other exchanges have no watchdog: nothing changes. Yields a :class:`WatchSpan`."""
         yield WatchSpan(None)
 
-    def all_to_all(self, x: tf.Tensor) -> tf.Tensor:
+    def all_to_all(self, x: tf.Tensor, rung=None) -> tf.Tensor:
         """``x`` ``[world_size, ...]`` (row r for worker r) in; row r of the result came from
-        worker r. Same shape on every worker. One worker: ``x`` itself."""
+        worker r. Same shape on every worker. One worker: ``x`` itself.
+
+        ``rung``: for an exchange buffer ``[world_size, m, ...]`` whose ``m`` is already a
+        rung of ``width_buckets.RUNGS`` (what :meth:`all_to_all_dynamic` received, and the
+        buffers of its replies), the rung's index (int or int32 scalar tensor): the buffer
+        is sent as it is, not padded to its rung again (~20 ops per collective, 26 Keras
+        layers' exchanges: ~1,600 ops a step)."""
         if self.world_size == 1:
             return tf.convert_to_tensor(x)
-        return self._run(tf.raw_ops.CollectiveAllToAllV2, x, communication_hint="auto")
+        return self._run(tf.raw_ops.CollectiveAllToAllV2, x, communication_hint="auto",
+                         rung=rung)
 
     def reduce(self, x: tf.Tensor, op: str) -> tf.Tensor:
         """Element-wise ``op`` (``"Add"``, ``"Max"``, ``"Min"`` or ``"Mul"``) of ``x`` over
@@ -101,7 +109,7 @@ class Exchange:
         return self._run(tf.raw_ops.CollectiveGatherV2, x)
 
     def all_to_all_dynamic(self, x: tf.Tensor, counts: tf.Tensor, pad_value=0,
-                           also_max: tf.Tensor | None = None):
+                           also_max: tf.Tensor | None = None, with_rung: bool = False):
         """``use_dynamic``: rows of ``x`` ``[world_size, width, ...]`` hold ``counts[r]`` real
         entries each (``counts`` int ``[world_size]``, or ``[world_size, parts]`` counting
         each part of a row); the workers exchange counts and agree on the widest ``x``, then
@@ -112,10 +120,13 @@ class Exchange:
           also_max: an int64 scalar whose largest value over the workers the counts'
             all-to-all finds too (e.g. the step's timestamp), or None.
 
+          with_rung: also return the rung's index (int32 scalar), for the replies'
+            :meth:`all_to_all` (``rung``).
+
         Returns:
           (received ``[world_size, m, ...]``, ``m`` the rung of the widest ``x``; received
           counts int32 shaped as ``counts``; the largest ``also_max`` (int64; -1 without
-          one)).
+          one)), and with ``with_rung`` the rung's index.
         """
         x = tf.convert_to_tensor(x)
         # The counts and the width (a constant when x's shape is static) wait for x: a step
@@ -141,11 +152,13 @@ class Exchange:
         most_extra = tf.reduce_max(tf.bitcast(received[:, parts + 1:], tf.int64))
         # Padded to the width's rung (``width_buckets``): a few shapes over a run, each with
         # one instance key, instead of a fresh key per width.
-        rung, _ = width_buckets.rounded_width(most_width)
+        rung, index = width_buckets.rounded_width(most_width)
         short = rung - tf.shape(x)[1]
         padding = [[0, 0], [0, short]] + [[0, 0]] * (x.shape.rank - 2)
         x = tf.pad(x, padding, constant_values=tf.cast(pad_value, x.dtype))
-        return self.all_to_all(x), received_counts, most_extra
+        received = self.all_to_all(x, rung=index)
+        return ((received, received_counts, most_extra, index) if with_rung
+                else (received, received_counts, most_extra))
 
 
 class RunKeyedExchange(Exchange):
@@ -178,17 +191,17 @@ class RunKeyedExchange(Exchange):
             return self._groups(), tf.constant(FIXED_INSTANCE_KEY, tf.int32)
         return self._groups(), _counted_key(_run_counter(1), after)
 
-    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+    def _run(self, op, x: tf.Tensor, rung=None, **attrs) -> tf.Tensor:
         if x.shape.is_fully_defined() or not (_is_all_to_all(op) and _rung_shaped(x)):
             return super()._run(op, x, **attrs)
         # A width that varies: padded to its rung, each rung one key of the op's group,
         # for the reason a static shape keeps one.
-        padded, index, width = _to_rung(x)
+        padded, index, width = _to_rung(x, rung)
         key = FIRST_RUNG_KEY + index
         out = op(input=padded, group_size=self.world_size, group_key=self._groups(),
                  instance_key=key, ordering_token=[], timeout_seconds=self.timeout_seconds,
                  **attrs)
-        return out[:, :width]
+        return out if width is None else out[:, :width]
 
 
 # The instance key of every run of a RunKeyedExchange op whose input has a static shape.
@@ -256,14 +269,14 @@ class CountedExchange(Exchange):
     def _id(self, after: tf.Tensor | None = None):
         return self.group_key, _counted_key(_COUNTED_RUNS, after, self._watchdog)
 
-    def _run(self, op, x: tf.Tensor, **attrs) -> tf.Tensor:
+    def _run(self, op, x: tf.Tensor, rung=None, **attrs) -> tf.Tensor:
         from sparseflow.distributed import op_chains
 
         watchdog = self._watchdog
         chain = op_chains.current_number()
         width = None
         if _is_all_to_all(op) and _rung_shaped(x):
-            x, index, width = _to_rung(x)
+            x, index, width = _to_rung(x, rung)
             shape = (x.shape[0], None) + tuple(x.shape.as_list()[2:])
             key = FIRST_RUNG_KEY + index
         elif x.shape.is_fully_defined():
@@ -346,9 +359,13 @@ def _rung_shaped(x: tf.Tensor) -> bool:
             and all(d is not None for i, d in enumerate(dims) if i != 1))
 
 
-def _to_rung(x: tf.Tensor):
+def _to_rung(x: tf.Tensor, rung=None):
     """``x`` ``[n, m, ...]`` padded with zeros along ``m`` to its rung: ``(padded, the
-    rung's index (int or int32 tensor), m (int or int32 tensor))``."""
+    rung's index (int or int32 tensor), m (int or int32 tensor))``. With ``rung`` (the
+    index of the rung ``m`` already is: :meth:`Exchange.all_to_all`): ``(x, rung, None)``,
+    nothing to pad or cut back."""
+    if rung is not None:
+        return x, rung, None
     width = x.shape[1] if x.shape[1] is not None else tf.shape(x)[1]
     rung, index = width_buckets.rounded_width(width)
     if isinstance(rung, int) and rung == width:
