@@ -685,6 +685,83 @@ def test_a_steps_gradients_release_the_steps_before_it_and_a_second_update_is_na
         router.sum_gradients(second, np.ones((1, 1, 2), np.float32))
 
 
+@pytest.mark.parametrize("threshold", [-1, 2])
+def test_a_handed_over_step_sums_by_its_slots_as_sum_gradients_does(threshold):
+    """``hand_over``'s slots, rows and sizes (the TF2 faces' update as TF ops) against
+    ``sum_gradients`` on a twin router given the same step: a numpy sum of every entry's
+    gradient by its slot gives each table's keys' rows and summed gradients (padding and
+    a narrower table's extra columns, filled with garbage, never reach a key); the token
+    is done and its batch released."""
+    batch = [np.array([5, 12, 5, 40], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
+             np.array([9, 3, 3], np.int64)]
+    twins = [make_router(2, threshold=threshold) for _ in range(2)]
+    steps = []
+    for router in twins:
+        send, counts, *_ = router.route(batch)
+        received = pad_to(send, send.shape[1] + 3)   # padding entries too
+        token = router.process(received, counts, None, True)
+        router.gather(token)
+        steps.append((token, received))
+    n, m = steps[0][1].shape[:2]
+    grads = np.random.default_rng(threshold + 5).normal(size=(n, m, 4)).astype(np.float32)
+    slots, rows, sizes = twins[0].hand_over(steps[0][0])
+    reference = twins[1].sum_gradients(steps[1][0], grads)
+    assert slots.dtype == rows.dtype == sizes.dtype == np.int32
+    assert slots.shape == (n * m,) and sizes.tolist() == [r.shape[0] for r, _ in reference]
+    summed = np.zeros((rows.shape[0] + 1, 4), np.float32)
+    np.add.at(summed, slots, grads.reshape(-1, 4))
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for t, (want_rows, want) in enumerate(reference):
+        dim = TABLES[t][1]
+        np.testing.assert_array_equal(rows[starts[t]:starts[t + 1]], want_rows)
+        np.testing.assert_allclose(summed[starts[t]:starts[t + 1], :dim], want, rtol=1e-6,
+                                   atol=1e-6)
+    assert (want_rows < 0).any() == (threshold > 0)   # keys without a row stay -1
+    assert not twins[0]._pending   # noqa: SLF001 -- the token is done
+    for table in twins[0].tables:
+        assert not table.processor._outstanding   # noqa: SLF001 -- its batch released
+    with pytest.raises(RuntimeError, match="not pending"):
+        twins[0].hand_over(steps[0][0])
+    evaluation = twins[0].process(steps[0][1], counts, None, False)
+    with pytest.raises(RuntimeError, match="an evaluation's"):
+        twins[0].hand_over(evaluation)
+
+
+def test_the_tf2_faces_update_at_the_owners_with_compiled_ops():
+    """On several ranks a TF2 training step's owner-side update is TF ops (the gradient's
+    sum, lazy Adam's compiled op): the step's one numpy function is the owner's lookup.
+    Tables a compiled op cannot update (tiers, device rows) keep the numpy function."""
+    from sparseflow.ops import optimizer_ops
+    from sparseflow.optimizers.hparams import lazy_adam_hparams
+    from sparseflow.optimizers.lazy_adam import LazyAdam
+    from sparseflow.tf2.sharding import Tf2Sharding
+
+    adam = LazyAdam(lazy_adam_hparams(0.1), runtime=False)
+    tables = []
+    for name, dim in TABLES:
+        cfg = make_table_config(tf.int64, dim, name, tf.zeros_initializer(),
+                                device_vocabulary_size=CAPACITY)
+        tables.append(SparseTable(cfg, _default_seed(name), rows_on="host"))
+        tables[-1].rows.bind_optimizer(adam)
+    bound = Tf2Sharding(0, 2).bind(tables, [1, 0, 0])
+    router = bound.router
+    assert router.updates_in_graph
+
+    @tf.function
+    def step(a, b, c):
+        batch = bound.route(tf.constant(7, tf.int64), [a, b, c], stamped=False)
+        rows = bound.embeddings(batch, True, DIMS)
+        return bound.update(batch, [tf.ones_like(r) for r in rows])
+
+    spec = tf.TensorSpec([None], tf.int64)
+    ops = step.get_concrete_function(spec, spec, spec).graph.get_operations()
+    python = [op.name for op in ops if op.type in ("PyFunc", "PyFuncStateless", "EagerPyFunc")]
+    assert len(python) == 1 and "sparseflow_owner_lookup" in python[0]
+    assert optimizer_ops.LAZY_ADAM_TABLES in {op.type for op in ops}
+    router.tables[0].tiers = object()   # as a tiered table: not read by compiled ops
+    assert not router.updates_in_graph
+
+
 def test_create_table_keeps_all2all_gradients_op_and_checks_it():
     cfg = make_table_config(tf.int64, 4, "t", tf.zeros_initializer(),
                             all2all_gradients_op="sum_gradients_and_div_by_ranksize")

@@ -47,7 +47,11 @@ class BatchExchange:
         self.send, self.counts, self.place, self.timestamp = send, counts, place, timestamp
         self.train, self.stamped = train, stamped
         self._keep = [keep]   # whether a gradient will come: a cell the numpy functions share
+        # A TF2 training step's update as TF ops (the gradients' sum and the optimizers'
+        # compiled update) rather than a numpy function: the lookup hands the token over.
+        self.in_graph = keep and train and router.updates_in_graph
         self.token = self.m = self.rung = self.where = None
+        self.slots = self.owner_rows = self.owner_sizes = None
 
     @property
     def router(self):
@@ -88,6 +92,11 @@ class BatchExchange:
             token = process(received, received_counts, step_time)
             return token, read(token)
 
+        @tf.autograph.experimental.do_not_convert
+        def process_read_and_hand_over(received, received_counts, step_time):
+            token, reply = process_and_read(received, received_counts, step_time)
+            return (token, reply) + router_ref().hand_over(token)
+
         # The counts', keys' and rows' collectives report to the watchdog as one.
         with self.exchange.watched_as_one() as span:
             received, received_counts, step_time, self.rung = (
@@ -95,7 +104,17 @@ class BatchExchange:
                                                  self.timestamp, with_rung=True))
             self.m = tf.shape(received)[1]
             arguments = [received, received_counts, step_time]
-            if not any(table.rows_on == "device" for table in router.tables):
+            if self.in_graph:
+                (self.token, reply, self.slots, self.owner_rows,
+                 self.owner_sizes) = tf.numpy_function(
+                    span.guard(process_read_and_hand_over), arguments,
+                    [tf.int64, tf.float32, tf.int32, tf.int32, tf.int32], stateful=True,
+                    name="sparseflow_owner_lookup")
+                self.slots.set_shape([None])
+                self.owner_rows.set_shape([None])
+                self.owner_sizes.set_shape([len(router.tables)])
+                device = []
+            elif not any(table.rows_on == "device" for table in router.tables):
                 # One numpy function, not two: each call on the step's critical path takes the
                 # GIL from the input pipeline's thread once more.
                 self.token, reply = tf.numpy_function(
@@ -204,6 +223,10 @@ class BatchExchange:
         """``dy`` sent to the owners, which sum each key's gradients over the ranks and apply
         the table's optimizer once (``KeyRouter.update``). Returns the update's output
         (int64), for control dependencies."""
+        if self.in_graph:
+            with self.exchange.watched_as_one():   # its end reported by a compiled op
+                received = self.to_owners(dy)
+            return self._update_ops(received)
         # The update reports the gradients' collective's end to the watchdog: one numpy
         # function fewer per exchange.
         with self.exchange.watched_as_one() as span:
@@ -218,6 +241,40 @@ class BatchExchange:
 
         return tf.numpy_function(report_and_update, [self.token, received], tf.int64,
                                  stateful=True, name="sparseflow_owner_update")
+
+
+    def _update_ops(self, received: tf.Tensor) -> tf.Tensor:
+        """The owners' update of a handed-over training step (:attr:`in_graph`) as TF ops:
+        ``received`` (``[N, m, max_dim]``, every rank's gradients of the entries this rank
+        received) summed per unique key (``KeyRouter.hand_over``'s slots), then per
+        optimizer its update of the keys' rows (``SparseOptimizer.host_update``: lazy Adam's
+        compiled op). Returns its int64 output, for control dependencies."""
+        router = self.router
+        tables, max_dim = router.tables, router.max_dim
+        total = tf.shape(self.owner_rows)[0]
+        # Padding entries (and rows of no key) add up in one row past the keys, dropped.
+        summed = sum_rows_by_index(tf.reshape(received, [-1, max_dim]), self.slots,
+                                   total + 1)[:-1]
+        if len(tables) > 1:
+            values = tf.split(summed, self.owner_sizes, num=len(tables))
+            rows = tf.split(self.owner_rows, self.owner_sizes, num=len(tables))
+        else:
+            values, rows = [summed], [self.owner_rows]
+        by_optimizer = {}
+        for table, table_values, table_rows in zip(tables, values, rows):
+            if table.dim != max_dim:
+                table_values = table_values[:, :table.dim]
+            if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
+                    == "sum_gradients_and_div_by_ranksize"):
+                table_values = table_values / self.exchange.world_size
+            grad = tf.IndexedSlices(table_values, table_rows,
+                                    tf.constant([table.capacity(), table.dim], tf.int64))
+            optimizer = table.rows.optimizer
+            by_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
+        # One key per row at its owner: the rows are distinct.
+        updates = [optimizer.host_update(group, True, name="sparseflow_owner_update")
+                   for optimizer, group in by_optimizer.values()]
+        return tf.add_n(updates) if len(updates) > 1 else updates[0]
 
 
 def split_per_feature(rows: tf.Tensor, sizes: tf.Tensor, dims: list) -> list:

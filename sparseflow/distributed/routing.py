@@ -284,6 +284,49 @@ class KeyRouter:
                 table.release_batch(result.seq, drain=True)
         return reply.reshape(pending.n, pending.m, width)
 
+    @property
+    def updates_in_graph(self) -> bool:
+        """Whether a training step's update can run as TF ops (:meth:`hand_over`): every
+        table's rows on the host, of a fixed capacity, without tiers (what compiled ops
+        read and update, ``SparseTable.gathers_in_kernel``)."""
+        return all(table.gathers_in_kernel for table in self.tables)
+
+    def hand_over(self, token: int) -> tuple:
+        """Hands training token ``token``'s update to TF ops (the TF2 faces' compiled
+        update, ``BatchExchange``): after its :meth:`gather` (``keep=True``), the token is
+        done here and its batch released; its rows stay out of reuse until the update's
+        drain (as after a compiled gather in one process).
+
+        Returns:
+          ``(slots, rows, sizes)``: int32 ``slots [N * m]``, each received entry's index
+          among every table's unique keys one table after another (``U``, one past them,
+          for padding); int32 ``rows [U]``, those keys' rows (-1: none); int32
+          ``sizes [T]``, each table's unique keys. A gradient ``[N, m, max_dim]`` summed
+          by ``slots`` is each key's gradient over every rank.
+
+        Raises:
+          RuntimeError: ``token`` is not pending, or is not a training step's.
+        """
+        with self._lock:
+            pending = self._take(token, pop=True)
+        if not pending.train:
+            raise RuntimeError(f"Step token {int(token)} is an evaluation's: it has no "
+                               f"update to hand over.")
+        sizes = np.fromiter((result.rows.shape[0] for _, result in pending.tables), np.int32,
+                            len(pending.tables))
+        total = int(sizes.sum())
+        slots = np.full(pending.n * pending.m, total, np.int32)
+        rows = np.empty(total, np.int32)
+        start = 0
+        for table, (entries, result) in zip(self.tables, pending.tables):
+            end = start + result.rows.shape[0]
+            rows[start:end] = result.rows
+            slots[entries] = result.restore + start
+            start = end
+            # Evicted rows this batch holds are freed by the update's drain.
+            table.release_batch(result.seq, drain=False)
+        return slots, rows, sizes
+
     def device_entries(self, token: int, t: int) -> tuple:
         """For table ``t`` of :meth:`process` ``token`` (its rows on the device, read by TF
         ops): the unique rows (int32 ``[U]``, -1 for keys without a row; a tiered table's
