@@ -106,3 +106,34 @@ def test_keyed_forward_reads_each_keys_row_and_flag_in_feature_order(train):
         np.testing.assert_array_equal(rows[i], want)
         assert not rows[i, DIMS[feature_of[i]]:].any()
     assert flags.any() and not flags.all()       # some keys own rows, some do not
+
+
+def test_a_training_lookup_that_fails_before_its_hand_over_drops_its_token(monkeypatch):
+    """The TF2 faces' owner lookup hands its token over to the update's TF ops; if it fails
+    after processing the keys, nothing else would ever drop the token: the lookup does, and
+    releases the batch."""
+    from tests.test_routing import make_router
+
+    router = make_router(1)
+    for table in router.tables:
+        table.processor.track_in_flight = True   # as a table that trains tracks its batches
+    batch = [np.array([5, 12, 5], np.int64), np.array([7, 9], np.int64),
+             np.array([9, 3], np.int64)]
+    send, counts, place, gather, _ = router.route(batch)
+    ex = BatchExchange(router, _LoopbackDynamic(1), tf.constant(send), tf.constant(counts),
+                       tf.constant(place), tf.constant(0, tf.int64), train=True,
+                       stamped=False, keep=True)
+    assert ex.in_graph
+    seen = []
+
+    def failing_hand_over(token):
+        seen.append([set(t.processor._outstanding) for t in router.tables])   # noqa: SLF001
+        raise RuntimeError("boom: the hand-over failed")
+
+    monkeypatch.setattr(router, "hand_over", failing_hand_over)
+    with pytest.raises(Exception, match="boom"):
+        ex.forward(flags=False, keys=tf.constant(gather))
+    assert seen and all(seen[0])             # the batch was in flight when it failed
+    assert not router._pending               # noqa: SLF001 -- the token is dropped
+    for table in router.tables:
+        assert not table.processor._outstanding   # noqa: SLF001 -- its batch released

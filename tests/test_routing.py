@@ -695,6 +695,8 @@ def test_a_handed_over_step_sums_by_its_slots_as_sum_gradients_does(threshold):
     batch = [np.array([5, 12, 5, 40], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
              np.array([9, 3, 3], np.int64)]
     twins = [make_router(2, threshold=threshold) for _ in range(2)]
+    for table in twins[0].tables:
+        table.processor.track_in_flight = True   # as a table that trains tracks its batches
     steps = []
     for router in twins:
         send, counts, *_ = router.route(batch)
@@ -704,6 +706,7 @@ def test_a_handed_over_step_sums_by_its_slots_as_sum_gradients_does(threshold):
         steps.append((token, received))
     n, m = steps[0][1].shape[:2]
     grads = np.random.default_rng(threshold + 5).normal(size=(n, m, 4)).astype(np.float32)
+    assert all(table.processor._outstanding for table in twins[0].tables)   # noqa: SLF001
     slots, rows, sizes = twins[0].hand_over(steps[0][0])
     reference = twins[1].sum_gradients(steps[1][0], grads)
     assert slots.dtype == rows.dtype == sizes.dtype == np.int32

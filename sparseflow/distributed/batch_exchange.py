@@ -94,8 +94,13 @@ class BatchExchange:
 
         @tf.autograph.experimental.do_not_convert
         def process_read_and_hand_over(received, received_counts, step_time):
-            token, reply = process_and_read(received, received_counts, step_time)
-            return (token, reply) + router_ref().hand_over(token)
+            token = process(received, received_counts, step_time)
+            try:
+                return (token, read(token)) + router_ref().hand_over(token)
+            except BaseException:
+                # No update will come for it: nothing else would drop the token.
+                router_ref().discard(token)
+                raise
 
         # The counts', keys' and rows' collectives report to the watchdog as one.
         with self.exchange.watched_as_one() as span:

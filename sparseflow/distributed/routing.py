@@ -291,6 +291,7 @@ class KeyRouter:
         read and update, ``SparseTable.gathers_in_kernel``)."""
         return all(table.gathers_in_kernel for table in self.tables)
 
+    @_timed("update")
     def hand_over(self, token: int) -> tuple:
         """Hands training token ``token``'s update to TF ops (the TF2 faces' compiled
         update, ``BatchExchange``): after its :meth:`gather` (``keep=True``), the token is
@@ -303,6 +304,10 @@ class KeyRouter:
           for padding); int32 ``rows [U]``, those keys' rows (-1: none); int32
           ``sizes [T]``, each table's unique keys. A gradient ``[N, m, max_dim]`` summed
           by ``slots`` is each key's gradient over every rank.
+
+        The batch is released before its update has run, as a compiled gather releases its
+        batch in one process: keys evicted between a step's lookup and its update free their
+        rows at once, so evict between steps (where every face's eviction hooks run).
 
         Raises:
           RuntimeError: ``token`` is not pending, or is not a training step's.
@@ -326,6 +331,15 @@ class KeyRouter:
             # Evicted rows this batch holds are freed by the update's drain.
             table.release_batch(result.seq, drain=False)
         return slots, rows, sizes
+
+    def discard(self, token: int) -> None:
+        """Drops :meth:`process` ``token`` of a step that failed before its rows were read or
+        its update handed over: its batch is released (rows it holds from reuse freed) and
+        the token is no longer pending. A token not pending is ignored."""
+        with self._lock:
+            pending = self._pending.pop(int(token), None)
+        for table, (_, result) in zip(self.tables, pending.tables if pending else ()):
+            table.release_batch(result.seq, drain=True)
 
     def device_entries(self, token: int, t: int) -> tuple:
         """For table ``t`` of :meth:`process` ``token`` (its rows on the device, read by TF
