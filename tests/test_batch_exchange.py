@@ -137,3 +137,43 @@ def test_a_training_lookup_that_fails_before_its_hand_over_drops_its_token(monke
     assert not router._pending               # noqa: SLF001 -- the token is dropped
     for table in router.tables:
         assert not table.processor._outstanding   # noqa: SLF001 -- its batch released
+
+
+def test_rows_evicted_between_a_lookup_and_its_update_wait_for_the_update():
+    """A TF2 step's batch is read (its lookup hands the update to TF ops) before its update
+    runs: a key evicted in between keeps its row out of reuse until that update has run,
+    so the update never lands on a row another key was given meanwhile; once the update
+    ran, the next lookup frees the row. What the batch changed is consumed for checkpoints
+    at once."""
+    from sparseflow.distributed.routing import KeyRouter
+    from sparseflow.embed.table_config import make_table_config
+    from sparseflow.optimizers.hparams import lazy_adam_hparams
+    from sparseflow.optimizers.lazy_adam import LazyAdam
+    from sparseflow.table import SparseTable, _default_seed
+
+    cfg = make_table_config(tf.int64, 2, "t", tf.zeros_initializer(), device_vocabulary_size=4)
+    table = SparseTable(cfg, _default_seed("t"), rows_on="host")
+    table.processor.track_in_flight = True   # as a table that trains tracks its batches
+    table.rows.bind_optimizer(LazyAdam(lazy_adam_hparams(0.1), runtime=False))
+    router = KeyRouter([table], [0], [1], world_size=1)
+
+    def lookup(keys, time):
+        send, counts, place, gather, _ = router.route([np.array(keys, np.int64)])
+        ex = BatchExchange(router, _LoopbackDynamic(1), tf.constant(send),
+                           tf.constant(counts), tf.constant(place), tf.constant(time, tf.int64),
+                           train=True, stamped=True, keep=True)
+        assert ex.in_graph
+        rows, _ = ex.forward(flags=False, keys=tf.constant(gather))
+        return ex, rows
+
+    step, rows = lookup([1], 0)
+    (row_of_1,) = table.processor.lookup(np.array([1], np.int64))
+    assert not len(table.processor.journal)   # consumed: a checkpoint keeps key 1
+    table.processor.clock = np.int64(100)
+    assert table.processor.evict(10).rows_waiting == 1   # key 1's row waits for the update
+    lookup([2], 100)                                     # another batch admits key 2
+    (row_of_2,) = table.processor.lookup(np.array([2], np.int64))
+    assert row_of_2 != row_of_1
+    step.apply_at_owners(tf.ones_like(rows))
+    lookup([3], 100)   # after the update: the row is free again
+    assert table.processor.rows_waiting == 0

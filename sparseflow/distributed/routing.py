@@ -114,6 +114,9 @@ class KeyRouter:
         self._growth = [0] * len(tables)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
+        # Handed-over batches (hand_over) whose update may not have run: (table index,
+        # seq, the table's update count once it has), released by the next process().
+        self._awaiting_update: list[tuple[int, int, int]] = []
 
     def route_config(self) -> np.ndarray:
         """The config of ``route_ops.route_keys_op``, which routes as :meth:`route` does in
@@ -218,6 +221,8 @@ class KeyRouter:
         Raises:
           TableFullError: a table's shard has no free row for an admitted key.
         """
+        if self._awaiting_update:
+            self._release_updated()
         n, m = received.shape[0], received.shape[1]
         self.widths.append(m)
         # Each received entry is its own segment, its weight the occurrences it stands for:
@@ -305,32 +310,55 @@ class KeyRouter:
           ``sizes [T]``, each table's unique keys. A gradient ``[N, m, max_dim]`` summed
           by ``slots`` is each key's gradient over every rank.
 
-        The batch is released before its update has run, as a compiled gather releases its
-        batch in one process: keys evicted between a step's lookup and its update free their
-        rows at once, so evict between steps (where every face's eviction hooks run).
+        The batch is consumed for checkpoints now (what it changed is saved) and stays in
+        flight for eviction until its update has run (rows evicted meanwhile wait in the
+        quarantine): the next :meth:`process` releases it once its table's optimizer counts
+        the update.
 
         Raises:
           RuntimeError: ``token`` is not pending, or is not a training step's.
         """
         with self._lock:
+            if not self._take(token, pop=False).train:
+                raise RuntimeError(f"Step token {int(token)} is an evaluation's: it has no "
+                                   f"update to hand over.")
             pending = self._take(token, pop=True)
-        if not pending.train:
-            raise RuntimeError(f"Step token {int(token)} is an evaluation's: it has no "
-                               f"update to hand over.")
         sizes = np.fromiter((result.rows.shape[0] for _, result in pending.tables), np.int32,
                             len(pending.tables))
         total = int(sizes.sum())
         slots = np.full(pending.n * pending.m, total, np.int32)
         rows = np.empty(total, np.int32)
         start = 0
-        for table, (entries, result) in zip(self.tables, pending.tables):
+        awaiting = []
+        for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
             end = start + result.rows.shape[0]
             rows[start:end] = result.rows
             slots[entries] = result.restore + start
             start = end
-            # Evicted rows this batch holds are freed by the update's drain.
-            table.release_batch(result.seq, drain=False)
+            table.processor.consume(result.seq)
+            awaiting.append((t, int(result.seq), _update_count(table)))
+        with self._lock:
+            for t, seq, count in awaiting:
+                # After the updates of the batches handed over before it, then its own.
+                before = sum(1 for other, _, _ in self._awaiting_update if other == t)
+                self._awaiting_update.append((t, seq, count + before + 1))
         return slots, rows, sizes
+
+    def _release_updated(self) -> None:
+        """Releases the handed-over batches whose update has run (their table's optimizer
+        counted it), and any far behind the newest handed over (an update that never came:
+        a training lookup without a gradient)."""
+        with self._lock:
+            waiting, self._awaiting_update = self._awaiting_update, []
+        kept = []
+        for i, (t, seq, count) in enumerate(waiting):
+            table = self.tables[t]
+            if _update_count(table) >= count or len(waiting) - i > _UPDATES_AWAITED:
+                table.release_batch(seq, drain=True)
+            else:
+                kept.append((t, seq, count))
+        with self._lock:
+            self._awaiting_update[:0] = kept
 
     def discard(self, token: int) -> None:
         """Drops :meth:`process` ``token`` of a step that failed before its rows were read or
@@ -446,6 +474,17 @@ class KeyRouter:
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
             out.append((result.rows if slots is None else slots, summed))
         return out
+
+
+# Handed-over batches kept waiting for their updates, at most (per router, all tables): one
+# step's are one per table; more means updates that never came.
+_UPDATES_AWAITED = 4096
+
+
+def _update_count(table) -> int:
+    """Updates ``table``'s optimizer has applied to it (0 without one)."""
+    optimizer = table.rows.optimizer
+    return 0 if optimizer is None else optimizer.steps(table.table_name)
 
 
 def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:

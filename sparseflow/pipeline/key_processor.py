@@ -421,6 +421,17 @@ class KeyProcessor:
 
     # -- eviction --------------------------------------------------------------------------
 
+    def consume(self, seq: int) -> None:
+        """Marks batch ``seq`` read by the model for checkpoints only (the read-ahead journal
+        forgets it: a checkpoint now keeps what it changed), while it stays in flight for
+        eviction: rows evicted meanwhile wait in the quarantine until :meth:`release`.
+        For a batch whose update runs after it was read (a multi-rank TF2 step's, released
+        once its update has run)."""
+        if seq < 0:
+            return
+        with self.lock:
+            self.journal.consumed(int(seq))
+
     def release(self, seq: int, drain: bool = True) -> None:
         """Marks batch ``seq`` read by the model.
 
