@@ -738,6 +738,42 @@ def test_a_handed_over_step_sums_by_its_slots_as_sum_gradients_does(threshold):
         assert not table.processor._outstanding   # noqa: SLF001
 
 
+
+def test_handed_over_batches_whose_update_never_comes_cost_a_lookup_nothing_more(monkeypatch):
+    """Training lookups whose update never comes (a training-mode call without a gradient)
+    leave their batches waiting: beyond the cap the oldest are released, and a lookup
+    checks each table's waiting batches from the oldest, stopping at the first still
+    waiting: its work does not grow with how many wait."""
+    from sparseflow.distributed import routing
+
+    monkeypatch.setattr(routing, "_UPDATES_AWAITED", 8)
+    router = make_router(1)
+    for table in router.tables:
+        table.processor.track_in_flight = True   # as a table that trains tracks its batches
+    batch = [np.array([5, 12, 5], np.int64), np.array([7, 9], np.int64),
+             np.array([9, 3], np.int64)]
+    send, counts, *_ = router.route(batch)
+    for _ in range(40):
+        token = router.process(send, counts, None, True)
+        router.gather(token)
+        router.hand_over(token)
+    for table in router.tables:   # the cap's newest and the last one wait; older released
+        assert len(table.processor._outstanding) == 8 + 1   # noqa: SLF001
+    checked = []
+    count = routing._update_count   # noqa: SLF001
+    monkeypatch.setattr(routing, "_update_count", lambda table: checked.append(table) or
+                        count(table))
+    router.process(send, counts, None, True)   # not handed over: it stays in flight
+    assert len(checked) == len(router.tables)   # one look per table, not per batch waiting
+    for table in router.tables:   # the cap's newest wait, and the batch just processed
+        assert len(table.processor._outstanding) == 8 + 1   # noqa: SLF001
+        table.rows.optimizer.set_steps(table.table_name, 1000)   # their updates have run
+    checked.clear()
+    router.process(send, counts, None, True)
+    assert len(checked) == len(router.tables)
+    for table in router.tables:   # every waiting batch released; the two processed remain
+        assert len(table.processor._outstanding) == 2   # noqa: SLF001
+
 def test_the_tf2_faces_update_at_the_owners_with_compiled_ops():
     """On several ranks a TF2 training step's owner-side update is TF ops (the gradient's
     sum, lazy Adam's compiled op): the step's one numpy function is the owner's lookup.

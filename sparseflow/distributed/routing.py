@@ -114,9 +114,10 @@ class KeyRouter:
         self._growth = [0] * len(tables)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
-        # Handed-over batches (hand_over) whose update may not have run: (table index,
-        # seq, the table's update count once it has), released by the next process().
-        self._awaiting_update: list[tuple[int, int, int]] = []
+        # Per table, handed-over batches (hand_over) whose update may not have run, oldest
+        # first: (seq, the table's update count once it has), released by the next process().
+        # The counts rise along each queue, so a release stops at the first still waiting.
+        self._awaiting_update = [collections.deque() for _ in tables]
 
     def route_config(self) -> np.ndarray:
         """The config of ``route_ops.route_keys_op``, which routes as :meth:`route` does in
@@ -221,7 +222,7 @@ class KeyRouter:
         Raises:
           TableFullError: a table's shard has no free row for an admitted key.
         """
-        if self._awaiting_update:
+        if any(self._awaiting_update):
             self._release_updated()
         n, m = received.shape[0], received.shape[1]
         self.widths.append(m)
@@ -340,25 +341,26 @@ class KeyRouter:
         with self._lock:
             for t, seq, count in awaiting:
                 # After the updates of the batches handed over before it, then its own.
-                before = sum(1 for other, _, _ in self._awaiting_update if other == t)
-                self._awaiting_update.append((t, seq, count + before + 1))
+                waiting = self._awaiting_update[t]
+                waiting.append((seq, count + len(waiting) + 1))
         return slots, rows, sizes
 
     def _release_updated(self) -> None:
         """Releases the handed-over batches whose update has run (their table's optimizer
-        counted it), and any far behind the newest handed over (an update that never came:
-        a training lookup without a gradient)."""
+        counted it), and per table any beyond the newest ``_UPDATES_AWAITED`` (updates that
+        never came: training lookups without a gradient). Each table's queue is read from
+        its oldest batch up to the first still waiting."""
+        done = []
         with self._lock:
-            waiting, self._awaiting_update = self._awaiting_update, []
-        kept = []
-        for i, (t, seq, count) in enumerate(waiting):
-            table = self.tables[t]
-            if _update_count(table) >= count or len(waiting) - i > _UPDATES_AWAITED:
-                table.release_batch(seq, drain=True)
-            else:
-                kept.append((t, seq, count))
-        with self._lock:
-            self._awaiting_update[:0] = kept
+            for t, waiting in enumerate(self._awaiting_update):
+                if not waiting:
+                    continue
+                count = _update_count(self.tables[t])
+                while waiting and (waiting[0][1] <= count or len(waiting) > _UPDATES_AWAITED):
+                    done.append((t, waiting.popleft()[0]))
+        # Outside the router's lock: a release takes the key processor's.
+        for t, seq in done:
+            self.tables[t].release_batch(seq, drain=True)
 
     def discard(self, token: int) -> None:
         """Drops :meth:`process` ``token`` of a step that failed before its rows were read or
@@ -476,8 +478,8 @@ class KeyRouter:
         return out
 
 
-# Handed-over batches kept waiting for their updates, at most (per router, all tables): one
-# step's are one per table; more means updates that never came.
+# Handed-over batches kept waiting for their updates, at most, per table: a step's update
+# follows its lookup, so more than a few means updates that never came.
 _UPDATES_AWAITED = 4096
 
 
