@@ -14,6 +14,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparseflow.distributed.sharding import PAD_KEY
+from sparseflow.embed.table_config import gradients_divided_by_ranks
+from sparseflow.optimizers.base import host_update_by_optimizer
 from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.weak_owner import weak
 
@@ -247,7 +249,6 @@ class BatchExchange:
         return tf.numpy_function(report_and_update, [self.token, received], tf.int64,
                                  stateful=True, name="sparseflow_owner_update")
 
-
     def _update_ops(self, received: tf.Tensor) -> tf.Tensor:
         """The owners' update of a handed-over training step (:attr:`in_graph`) as TF ops:
         ``received`` (``[N, m, max_dim]``, every rank's gradients of the entries this rank
@@ -265,21 +266,16 @@ class BatchExchange:
             rows = tf.split(self.owner_rows, self.owner_sizes, num=len(tables))
         else:
             values, rows = [summed], [self.owner_rows]
-        by_optimizer = {}
+        pairs = []
         for table, table_values, table_rows in zip(tables, values, rows):
             if table.dim != max_dim:
                 table_values = table_values[:, :table.dim]
-            if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
-                    == "sum_gradients_and_div_by_ranksize"):
+            if gradients_divided_by_ranks(table.config):
                 table_values = table_values / self.exchange.world_size
-            grad = tf.IndexedSlices(table_values, table_rows,
-                                    tf.constant([table.capacity(), table.dim], tf.int64))
-            optimizer = table.rows.optimizer
-            by_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
+            pairs.append((tf.IndexedSlices(table_values, table_rows, tf.constant(
+                [table.capacity(), table.dim], tf.int64)), table))
         # One key per row at its owner: the rows are distinct.
-        updates = [optimizer.host_update(group, True, name="sparseflow_owner_update")
-                   for optimizer, group in by_optimizer.values()]
-        return tf.add_n(updates) if len(updates) > 1 else updates[0]
+        return host_update_by_optimizer(pairs, "sparseflow_owner_update")
 
 
 def split_per_feature(rows: tf.Tensor, sizes: tf.Tensor, dims: list) -> list:

@@ -32,6 +32,7 @@ import numpy as np
 
 from sparseflow import tensor_buffers
 from sparseflow.distributed.sharding import HASHES, PAD_KEY
+from sparseflow.embed.table_config import gradients_divided_by_ranks
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.key_processor import (SendCountOverflowError, process_tables,
@@ -320,10 +321,11 @@ class KeyRouter:
           RuntimeError: ``token`` is not pending, or is not a training step's.
         """
         with self._lock:
-            if not self._take(token, pop=False).train:
+            pending = self._take(token, pop=False)
+            if not pending.train:
                 raise RuntimeError(f"Step token {int(token)} is an evaluation's: it has no "
                                    f"update to hand over.")
-            pending = self._take(token, pop=True)
+            del self._pending[int(token)]
         sizes = np.fromiter((result.rows.shape[0] for _, result in pending.tables), np.int32,
                             len(pending.tables))
         total = int(sizes.sum())
@@ -470,8 +472,7 @@ class KeyRouter:
         for table, (entries, result), slots in zip(self.tables, pending, placed):
             summed = tensor_buffers.zeros((result.rows.shape[0], table.dim), np.float32)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
-            if (getattr(table.config, "all2all_gradients_op", "sum_gradients")
-                    == "sum_gradients_and_div_by_ranksize"):
+            if gradients_divided_by_ranks(table.config):
                 summed /= self.world_size
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
             out.append((result.rows if slots is None else slots, summed))

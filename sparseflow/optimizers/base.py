@@ -366,6 +366,25 @@ def apply_by_optimizer(tables: list, rows: list, grads: list, unique: bool) -> N
         optimizer.apply_at_tables(group_tables, group_rows, group_grads, unique)
 
 
+
+def host_update_by_optimizer(pairs: list, name: str) -> tf.Tensor:
+    """The update of ``pairs`` ((IndexedSlices over distinct rows, host table)) in graph:
+    one :meth:`SparseOptimizer.host_update` per optimizer over its tables (each table's own,
+    ``table.rows.optimizer``), its nodes named ``name``.
+
+    Returns:
+      An int64 tensor computed from every update's output (each its tables' count), not a
+      constant under control dependencies, which graph optimization may drop with the
+      updates.
+    """
+    groups = {}
+    for grad, table in pairs:
+        optimizer = table.rows.optimizer
+        groups.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
+    updates = [optimizer.host_update(group, True, name=name)
+               for optimizer, group in groups.values()]
+    return tf.add_n(updates) if len(updates) > 1 else updates[0]
+
 def gradients_of(loss, xs: list, gate_gradients, aggregation_method,
                  colocate_gradients_with_ops, grad_loss) -> list:
     """``tf.compat.v1.gradients(loss, xs)`` with TF optimizers' ``compute_gradients`` options

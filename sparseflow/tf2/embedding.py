@@ -35,6 +35,7 @@ from sparseflow import tensor_buffers
 from sparseflow.checkpoint import table_state
 from sparseflow.distributed import op_chains
 from sparseflow.ops.op_shards import width_shards
+from sparseflow.optimizers.base import host_update_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.key_processor import process_tables
 from sparseflow.row_sums import sum_rows_by_index
@@ -564,16 +565,8 @@ class Embedding(tf.Module):
                       if len(table_ids) > 1 else [summed])
             for t, piece in zip(table_ids, pieces):
                 pairs.append((tf.IndexedSlices(piece, rows[t]), tables[t]))
-        by_optimizer = {}
-        for grad, table in pairs:
-            optimizer = table.rows.optimizer
-            by_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, table))
         # The rows are the batch's unique keys' rows: distinct.
-        updates = [optimizer.host_update(group, True, name="sparseflow_tf2_update")
-                   for optimizer, group in by_optimizer.values()]
-        # Computed from the updates' outputs (each its tables' count), not a constant under
-        # control dependencies, which graph optimization may drop with the updates.
-        return tf.add_n(updates) if len(updates) > 1 else updates[0]
+        return host_update_by_optimizer(pairs, "sparseflow_tf2_update")
 
     def _check_gradient_rows(self, sizes, per_id: list) -> tf.Operation:
         """An assertion that each feature's gradient has one row per id of its activations,
