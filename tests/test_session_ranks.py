@@ -203,14 +203,15 @@ def test_a_killed_rank_ends_the_others_naming_the_last_checkpoint_which_resumes_
     # own error (it did once, the two being equal).
     done = run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--save-at",
                  str(SAVE_AT), "--save-to", str(tmp_path / "model"), "--die-at", "9"], 2,
-                check=False, grace=30, SPARSEFLOW_COLLECTIVE_TIMEOUT="3")
-    assert done.returncode == 7   # the first rank to fail: the killed one
-    assert time.monotonic() - begin < 60
+                check=False, grace=30, SPARSEFLOW_COLLECTIVE_TIMEOUT="10")
+    # the first rank to fail: the killed one
+    assert done.returncode == 7, done.stdout[-3000:] + done.stderr[-2000:]
+    assert time.monotonic() - begin < 90
     assert "rank 1 exited with status 7" in done.stderr
     prefix = str(tmp_path / f"model-0-{SAVE_AT}")
     assert ("[rank 0] sparseflow.distributed.graph_world.RankLostError: Rank 0 of 2: a "
             "collective among the ranks did not complete") in done.stdout
-    assert (f"(collectives wait 3 s, SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every "
+    assert (f"(collectives wait 10 s, SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every "
             f"rank completed: {prefix} (restore it on a rerun to resume)") in done.stdout
     resumed = tmp_path / "resumed"
     resumed.mkdir()

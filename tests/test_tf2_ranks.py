@@ -134,11 +134,11 @@ def test_a_killed_rank_ends_the_other_naming_the_last_checkpoint_every_rank_wrot
     begin = time.monotonic()
     done = run_ranks(["tests.workers.tf2_ranks", tmp_path, STEPS, "--save-at", "6",
                       "--save-to", tmp_path / "ckpt", "--die-at", "9"], 2, check=False,
-                     grace=60, SPARSEFLOW_COLLECTIVE_TIMEOUT="2")
+                     grace=60, SPARSEFLOW_COLLECTIVE_TIMEOUT="10")
     assert done.returncode == 7, done.stdout[-3000:]
-    assert time.monotonic() - begin < 90
+    assert time.monotonic() - begin < 120
     assert ("[rank 0] sparseflow: rank 0 of 2: a collective among the ranks did not "
-            "complete, so another rank died, hung or left (collectives wait 2 s, "
+            "complete, so another rank died, hung or left (collectives wait 10 s, "
             "SPARSEFLOW_COLLECTIVE_TIMEOUT). The last checkpoint every rank completed: "
             f"{tmp_path / 'ckpt'}-rank0 (this rank's file of it") in done.stdout, \
         done.stdout[-3000:]
