@@ -19,8 +19,12 @@ demo: $(VENV)/.installed  ## configs/demo.yaml from scratch: DLRM on generated C
 demo-session: $(VENV)/.installed  ## the Rec SDK-style Session script
 	$(PY) examples/session_demo.py
 
+# Two pytest-xdist workers (~13 min on 2 cores instead of ~20), each running a test file at a
+# time, so that a file's module fixtures (its training runs) run once. TEST_WORKERS=0: one
+# process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed  ## each benchmark prints its table; add --write to record it in BENCHMARKS.md
 	$(PY) benchmarks/bench_key_processing.py
