@@ -94,6 +94,8 @@ def init(max_steps: int = -1, train_steps: int = -1, eval_steps: int = -1, save_
       AlreadyInitializedError: ``init`` was already called and not terminated.
       RuntimeError: this process is one of several ranks (``distributed/ranks.py``) but
         no ``TF_CONFIG`` gives the ranks' addresses (``distributed/graph_world.join``).
+      RankLostError: over several ranks, the first ``init`` waits for every rank to call it
+        (as Rec SDK's does); one did not within ``SPARSEFLOW_COLLECTIVE_TIMEOUT``.
       TypeError, ValueError: an argument is of the wrong type or out of range.
     """
     global _RUNTIME

@@ -257,6 +257,17 @@ def test_collective_timeout_is_read_and_checked():
             collective_timeout({"SPARSEFLOW_COLLECTIVE_TIMEOUT": bad})
 
 
+def test_init_meets_every_rank_so_a_directory_cleared_before_it_is_not_cleared_after(
+        tmp_path):
+    """Rec SDK's programs clear their model directories on every rank, then call ``init()``
+    and write there (as the Estimator's model_dir shared by the ranks): a rank that passed
+    ``init()`` while another had not cleared yet lost what it wrote (a flaky 2-rank
+    little_demo_estimator run under load). ``init()`` meets every rank, as HCCL's does."""
+    shared = tmp_path / "shared"
+    done = run_ranks(["tests.workers.init_rendezvous", str(shared)], 2)
+    assert done.stdout.count("found rank0 rank1") == 2, done.stdout[-3000:]
+
+
 def test_hccl_ops_and_graph_collectives_over_two_ranks(tmp_path):
     run_ranks(["tests.workers.hccl_ranks", str(tmp_path)], 2)
     values = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) - r for r in range(2)]

@@ -176,7 +176,8 @@ def current() -> GraphWorld | None:
 
 def join(ranks: Ranks, environ=None) -> GraphWorld:
     """Makes this process rank ``ranks.rank`` of ``ranks.size`` for graph programs: starts
-    its gRPC server from ``TF_CONFIG`` and opens sessions created without a target on it.
+    its gRPC server from ``TF_CONFIG``, opens sessions created without a target on it and
+    waits until every rank has joined (as HCCL's set-up under Rec SDK's ``init()`` does).
     A second call returns the same world.
 
     Args:
@@ -190,6 +191,8 @@ def join(ranks: Ranks, environ=None) -> GraphWorld:
       RuntimeError: no ``TF_CONFIG`` names the ranks' addresses, or it disagrees with
         ``ranks``; both say what was found.
       AddressInUseError: this rank's server could not listen on its address.
+      RankLostError: a rank did not join within the collective timeout
+        (``SPARSEFLOW_COLLECTIVE_TIMEOUT``).
     """
     global _WORLD
     with _LOCK:
@@ -212,7 +215,21 @@ def join(ranks: Ranks, environ=None) -> GraphWorld:
         server = _start_server(world, environ)
         _WORLD = GraphWorld(world.index, world.size, server, timeout)
         _bind_sessions(_WORLD)
+        _meet(_WORLD)
         return _WORLD
+
+
+def _meet(world: GraphWorld) -> None:
+    """Returns once every rank has joined (one all-reduce, in a graph of its own), or raises
+    :class:`RankLostError` after ``world.timeout_seconds``. Rec SDK's ``init()`` meets every
+    rank (HCCL's set-up), and programs written for it rely on that: each rank clears what
+    the ranks share (a model_dir) before ``init()`` and writes there after; a rank that went
+    on alone lost what it wrote to a later rank's clearing."""
+    graph = tf.Graph()
+    with graph.as_default():
+        met = world.exchange(graph).reduce(tf.constant(1, tf.int32), "Add")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(met)
 
 
 def configure(*, hash: str = "mod", send_count: int | None = None,
