@@ -132,13 +132,13 @@ class TableConfig:
         return f"TableConfig({', '.join(fields)})"
 
 
-
 def gradients_divided_by_ranks(config: Any) -> bool:
     """Whether a table's key gradients, summed over the ranks at its owner, are then divided
     by their number (``all2all_gradients_op="sum_gradients_and_div_by_ranksize"``). Takes any
     table's config: one without the option (the TF2 faces') sums only."""
     return (getattr(config, "all2all_gradients_op", "sum_gradients")
             == "sum_gradients_and_div_by_ranksize")
+
 
 def make_table_config(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                       device_vocabulary_size: int = 1, host_vocabulary_size: int = 0,

@@ -366,7 +366,6 @@ def apply_by_optimizer(tables: list, rows: list, grads: list, unique: bool) -> N
         optimizer.apply_at_tables(group_tables, group_rows, group_grads, unique)
 
 
-
 def host_update_by_optimizer(pairs: list, name: str) -> tf.Tensor:
     """The update of ``pairs`` ((IndexedSlices over distinct rows, host table)) in graph:
     one :meth:`SparseOptimizer.host_update` per optimizer over its tables (each table's own,
@@ -384,6 +383,7 @@ def host_update_by_optimizer(pairs: list, name: str) -> tf.Tensor:
     updates = [optimizer.host_update(group, True, name=name)
                for optimizer, group in groups.values()]
     return tf.add_n(updates) if len(updates) > 1 else updates[0]
+
 
 def gradients_of(loss, xs: list, gate_gradients, aggregation_method,
                  colocate_gradients_with_ops, grad_loss) -> list:
