@@ -392,18 +392,25 @@ def test_dedup_batch_matches_np_unique_per_table(seed):
         batch.restore, np.concatenate([batch.table(t)[1] for t in range(len(tables))]))
 
 
+def _next_scratch(n_keys):
+    """The scratch the next call on this thread borrows (the pool lends the one returned
+    last), fitted for ``n_keys`` keys."""
+    with kpmod.borrow_scratch() as scratch:
+        return scratch.fit(n_keys)
+
+
 def test_dedup_batch_stamps_one_generation_per_table_and_wraps():
     """Each table stamps its own generation (a key in two tables is unique in each), and the
     stamps wrap past 2^31 - 1 with the scratch cleared."""
     keys, ends, coefs = segments(([3, 4, 3], 1), ([4, 3, 4, 5], 2), ([3], 1))
     table_segs = np.array([1, 2, 3], np.int64)
-    scratch = kpmod.thread_scratch(8)
+    scratch = _next_scratch(8)
     scratch.tags[:] = 0   # no tag of an earlier test may read as live at the stamps set here
     scratch.generation = 2**31 - 6
     gens = []
     for _ in range(3):
         batch = kpmod.dedup_batch(keys, ends, coefs, table_segs)
-        gens.append(kpmod.thread_scratch(8).generation)
+        gens.append(_next_scratch(8).generation)
         assert batch.n_unique.tolist() == [2, 3, 1]
         assert batch.table(1)[0][:3].tolist() == [4, 3, 5]
         assert batch.table(1)[2][:3].tolist() == [4, 2, 2]
@@ -437,20 +444,20 @@ def test_process_unique_of_a_batch_dedup_equals_process():
 def test_key_processor_generation_wrap_keeps_dedup_exact():
     """After 2^31 - 1 generations the dedup scratch is cleared and stamps restart at 1: tags
     left by the first batch (generation 1) must not be taken for live slots afterwards.
-    White-box: drives the processor's per-thread scratch close to the wrap."""
+    White-box: drives the processor's pooled scratch close to the wrap."""
     kp, ref, rec = make(threshold=2)
     rng = np.random.default_rng(12)
     check_batch(kp, ref, rec, *segments((rng.integers(0, 50, 60), 1)), True)
-    scratch = kpmod.thread_scratch(62)
+    scratch = _next_scratch(62)
     scratch.generation = 2**31 - 3
     gens = []
     for _ in range(6):
         check_batch(kp, ref, rec, *segments((rng.integers(0, 50, 60), 1), ([7, 7], 2)), True)
-        gens.append(kpmod.thread_scratch(62).generation)
+        gens.append(_next_scratch(62).generation)
     assert gens == [2**31 - 2, 2**31 - 1, 1, 2, 3, 4]
 
 
-def test_tables_sharing_a_thread_scratch_stay_separate():
+def test_tables_sharing_a_scratch_stay_separate():
     """Interleaved batches of two tables of very different sizes (the scratch regrows)."""
     rng = np.random.default_rng(21)
     a, ref_a, rec_a = make(threshold=2)
@@ -462,7 +469,8 @@ def test_tables_sharing_a_thread_scratch_stay_separate():
 
 
 def test_concurrent_tables_on_separate_threads():
-    """Tables processed at the same time on different threads (dedup scratch per thread)."""
+    """Tables processed at the same time on different threads (each call borrows its own
+    scratch from the pool)."""
     def worker(seed, errors):
         try:
             rng = np.random.default_rng(seed)

@@ -35,8 +35,8 @@ from sparseflow.distributed.sharding import HASHES, PAD_KEY
 from sparseflow.embed.table_config import gradients_divided_by_ranks
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
-from sparseflow.pipeline.key_processor import (SendCountOverflowError, process_tables,
-                                               thread_scratch)
+from sparseflow.pipeline.key_processor import (SendCountOverflowError, borrow_scratch,
+                                               process_tables)
 from sparseflow.validation import INT32_MAX, check_int, check_one_of
 
 
@@ -165,14 +165,15 @@ class KeyRouter:
         n, n_tables = self.world_size, len(self.tables)
         keys = [np.asarray(feature_keys[k], np.int64).reshape(-1) for k in self._order]
         key_ends = np.cumsum(np.fromiter((x.shape[0] for x in keys), np.int64, len(keys)))
-        scratch = thread_scratch(shard_kernels.longest_table(key_ends, self._table_segs))
         # One kernel for every table (the Keras face routes each of 26 tables on its own:
         # per call, each numpy step here cost more than the work).
-        send, counts, place, gather, sizes, overflow = shard_kernels.route_keys(
-            _joined(keys, np.int64), key_ends, self._coefs, self._table_segs, self._order,
-            self._segment_tables, n, self.hash == "mix",
-            -1 if self.send_count is None else self.send_count, PAD_KEY, scratch.keys,
-            scratch.tags, scratch.next_generation(n_tables))
+        with borrow_scratch() as scratch:
+            scratch.fit(shard_kernels.longest_table(key_ends, self._table_segs))
+            send, counts, place, gather, sizes, overflow = shard_kernels.route_keys(
+                _joined(keys, np.int64), key_ends, self._coefs, self._table_segs,
+                self._order, self._segment_tables, n, self.hash == "mix",
+                -1 if self.send_count is None else self.send_count, PAD_KEY, scratch.keys,
+                scratch.tags, scratch.next_generation(n_tables))
         if overflow >= 0:
             r, t = divmod(int(overflow), n_tables)
             raise SendCountOverflowError(

@@ -28,7 +28,7 @@ from sparseflow import runtime as _runtime
 from sparseflow.featurespec.grouping import group_specs_by_table
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
 from sparseflow.pipeline.graph_cache import graph_cache
-from sparseflow.pipeline.key_processor import process_tables
+from sparseflow.pipeline.key_processor import borrow_scratch, process_tables
 from sparseflow.validation import check_bool
 
 _RESERVED = "__sparseflow__/"
@@ -255,8 +255,8 @@ def _make_process(rt, plan: InsertPlan):
                 raise ValueError(f"FeatureSpec table_name {table_name!r} names no table. "
                                  f"Tables: {sorted(rt.tables)}")
             tables.append(table)
-        keys = [np.asarray(a).reshape(-1) for a in arrays[:n_specs]]
-        lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_specs)
+        keys = [np.asarray(a) for a in arrays[:n_specs]]
+        lengths = np.fromiter((k.size for k in keys), np.int64, n_specs)
         # One dedup kernel for every table (the specs' keys are in table order), then each
         # table's row assignment. Sequential on purpose: spreading tables over threads made
         # each job wait for the GIL between its (GIL-free) kernels, which was 5x slower
@@ -265,15 +265,19 @@ def _make_process(rt, plan: InsertPlan):
         if static:
             pad_tos = [sum(table.send_counts.get(s.unique_name, 0) for s in specs)
                        for table, (_, specs) in zip(tables, groups)]
-        batch, results = process_tables(
-            [table.processor for table in tables],
-            keys[0] if n_specs == 1 else np.concatenate(keys), np.cumsum(lengths), seg_coefs,
-            table_segs, is_training, timestamp, pad_tos)
-        # Every spec's restore vector, in spec order, is the batch's one restore array.
-        rows = [result.rows for result in results]
-        sizes = np.fromiter([r.shape[0] for r in rows] + list(lengths) + [r.seq for r in results],
-                            np.int64, len(rows) + n_specs + len(results))
-        return tensor_buffers.concatenate(rows + [batch.restore], np.int32), sizes
+        # The batch's key arrays live in a borrowed scratch, reused batch after batch: fresh
+        # ones cost a page fault per page every batch (BENCHMARKS.md).
+        with borrow_scratch() as scratch:
+            batch, results = process_tables(
+                [table.processor for table in tables], scratch.joined_keys(keys),
+                np.cumsum(lengths), seg_coefs, table_segs, is_training, timestamp, pad_tos,
+                scratch)
+            # Every spec's restore vector, in spec order, is the batch's one restore array.
+            rows = [result.rows for result in results]
+            sizes = np.fromiter([r.shape[0] for r in rows] + list(lengths)
+                                + [r.seq for r in results],
+                                np.int64, len(rows) + n_specs + len(results))
+            return tensor_buffers.concatenate(rows + [batch.restore], np.int32), sizes
 
     return process
 

@@ -12,6 +12,7 @@ the GIL so that other tables and TensorFlow proceed meanwhile.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import warnings
 from dataclasses import dataclass
@@ -61,14 +62,31 @@ class EvictionResult:
     rows_waiting: int     # freed rows held until the batches in flight are consumed
 
 
-class _Scratch(threading.local):
-    """Per-thread dedup scratch, shared by every table: one L2-sized buffer stays warm instead
-    of one per table evicting each other (dedup was 2x slower with 26 per-table buffers)."""
+class BatchScratch:
+    """A batch's working memory for the key kernels: the dedup scratch (``keys``, ``tags``,
+    ``generation``) and the batch's key arrays (:meth:`joined_keys`, :meth:`dedup_outputs`).
+
+    One is lent to one call at a time by :func:`borrow_scratch` and reused by the next, so
+    its pages stay resident and the dedup scratch stays in the cache. Shared by every table
+    of a batch: one L2-sized buffer stays warm instead of one per table evicting each other
+    (dedup was 2x slower with 26 per-table buffers).
+    """
 
     def __init__(self):
         self.keys = np.zeros(0, np.int64)
         self.tags = np.zeros(0, np.int64)
         self.generation = 0
+        self._batch = np.zeros(0, np.int64)   # joined keys, uniq, weight, restore (int32)
+
+    def fit(self, n_keys: int) -> "BatchScratch":
+        """Grows the dedup scratch to deduplicate ``n_keys`` keys of one table
+        (``key_kernels.dedup``); returns self."""
+        size = kk.scratch_slots(n_keys)
+        if self.tags.shape[0] < size:
+            self.keys = np.zeros(size, np.int64)
+            self.tags = np.zeros(size, np.int64)
+            self.generation = 0
+        return self
 
     def next_generation(self, count: int = 1) -> int:
         """The first of ``count`` fresh stamps (the next ``count`` values from it)."""
@@ -79,8 +97,60 @@ class _Scratch(threading.local):
         self.generation += count
         return first
 
+    def _parts(self, n: int) -> list[np.ndarray]:
+        """The batch buffer as four int64 ``[n]`` parts, grown (never shrunk) to hold them."""
+        if self._batch.shape[0] < 4 * n:
+            self._batch = np.zeros(4 * max(n, self._batch.shape[0] // 2), np.int64)
+        m = self._batch.shape[0] // 4
+        return [self._batch[i * m:i * m + n] for i in range(4)]
 
-_SCRATCH = _Scratch()
+    def joined_keys(self, parts: list[np.ndarray]) -> np.ndarray:
+        """``parts`` (int32 or int64 arrays) flattened and joined as int64 in this scratch;
+        valid while it is borrowed and until the next :meth:`joined_keys`."""
+        n = sum(p.size for p in parts)
+        out = self._parts(n)[0]
+        np.concatenate([p.reshape(-1) for p in parts], out=out, casting="same_kind")
+        return out
+
+    def dedup_outputs(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(uniq int64[n], weight int64[n], restore int32[n])`` in this scratch, apart from
+        the joined keys of the same ``n``."""
+        _, uniq, weight, restore = self._parts(n)
+        return uniq, weight, restore.view(np.int32)[:n]
+
+
+class _ScratchPool:
+    """Scratches lent to one call at a time, most recently returned first.
+
+    Not per Python thread: TensorFlow runs a numpy function on its own threads and may drop
+    the thread's Python state after each call, which freed per-thread scratch, so every batch
+    allocated its buffers afresh and paid a page fault for each of their pages (about 250 a
+    26-table batch through a YAML job's reader). The pool holds as many scratches as calls ever
+    ran at once (a parallel map's).
+    """
+
+    def __init__(self):
+        self._free: list[BatchScratch] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self):
+        with self._lock:
+            scratch = self._free.pop() if self._free else BatchScratch()
+        try:
+            yield scratch
+        finally:
+            with self._lock:
+                self._free.append(scratch)
+
+
+_POOL = _ScratchPool()
+
+
+def borrow_scratch():
+    """A context manager lending a :class:`BatchScratch` to the calling code until it exits;
+    what the scratch holds must not be used after that."""
+    return _POOL.borrow()
 
 
 class _StateLock:
@@ -128,17 +198,6 @@ class _StateLock:
                 raise
 
 
-def thread_scratch(n_keys: int) -> _Scratch:
-    """This thread's dedup scratch (``keys``, ``tags``, ``next_generation``), grown to
-    deduplicate ``n_keys`` keys in one table (``key_kernels.dedup``)."""
-    size = kk.scratch_slots(n_keys)
-    if _SCRATCH.tags.shape[0] < size:
-        _SCRATCH.keys = np.zeros(size, np.int64)
-        _SCRATCH.tags = np.zeros(size, np.int64)
-        _SCRATCH.generation = 0
-    return _SCRATCH
-
-
 def dedup_keys(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray):
     """A batch's distinct keys in first-occurrence order, with weighted counts.
 
@@ -180,7 +239,7 @@ class BatchKeys:
 
 
 def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
-                table_segs: np.ndarray) -> BatchKeys:
+                table_segs: np.ndarray, scratch: BatchScratch | None = None) -> BatchKeys:
     """Every table's keys of a batch deduplicated in one kernel call.
 
     Args:
@@ -188,10 +247,22 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
       seg_ends: int64 ``[S]``, exclusive end of each segment in ``keys``.
       seg_coefs: int32 ``[S]``, each segment's count per occurrence.
       table_segs: int64 ``[T]``, exclusive end of each table's segments in ``seg_ends``.
+      scratch: a borrowed :class:`BatchScratch`: the kernel works in it and the result's
+        ``uniq``, ``weight`` and ``restore`` live in it (valid while it is borrowed; ``keys``
+        may be its :meth:`~BatchScratch.joined_keys`). None: a scratch is borrowed for the
+        call and the result gets arrays of its own.
 
     Returns:
       A :class:`BatchKeys`.
     """
+    if scratch is None:
+        with borrow_scratch() as lent:
+            return _dedup_batch(keys, seg_ends, seg_coefs, table_segs, lent, False)
+    return _dedup_batch(keys, seg_ends, seg_coefs, table_segs, scratch, True)
+
+
+def _dedup_batch(keys, seg_ends, seg_coefs, table_segs, scratch: BatchScratch,
+                 in_scratch: bool) -> BatchKeys:
     keys = np.ascontiguousarray(keys, np.int64)
     n = keys.shape[0]
     table_ends = np.zeros(table_segs.shape[0], np.int64)
@@ -199,11 +270,13 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
     table_ends[bounded] = seg_ends[table_segs[bounded] - 1]
     starts = np.concatenate(([0], table_ends[:-1])) if table_ends.shape[0] else table_ends
     longest = int((table_ends - starts).max()) if table_ends.shape[0] else 0
-    restore = np.empty(n, np.int32)
-    uniq = np.empty(n, np.int64)
-    weight = np.empty(n, np.int64)
+    if in_scratch:
+        uniq, weight, restore = scratch.dedup_outputs(n)
+    else:
+        uniq, weight, restore = np.empty(n, np.int64), np.empty(n, np.int64), \
+            np.empty(n, np.int32)
     n_unique = np.zeros(table_segs.shape[0], np.int64)
-    scratch = thread_scratch(longest)
+    scratch.fit(longest)
     kk.dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch.keys, scratch.tags,
                     scratch.next_generation(table_segs.shape[0]), uniq, restore, weight,
                     n_unique)
@@ -212,7 +285,8 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
 
 def process_tables(processors: list, keys: np.ndarray, seg_ends: np.ndarray,
                    seg_coefs: np.ndarray, table_segs: np.ndarray, train: bool,
-                   timestamp: int | None = None, pad_tos: list | None = None):
+                   timestamp: int | None = None, pad_tos: list | None = None,
+                   scratch: BatchScratch | None = None):
     """A batch's keys of every table through their key processors: one :func:`dedup_batch`
     call, then each table's :meth:`KeyProcessor.process_unique`, in table order.
 
@@ -221,6 +295,7 @@ def process_tables(processors: list, keys: np.ndarray, seg_ends: np.ndarray,
       keys, seg_ends, seg_coefs, table_segs: as :func:`dedup_batch`.
       train, timestamp: as :meth:`KeyProcessor.process`.
       pad_tos: per table, ``pad_to`` (static shapes), or None.
+      scratch: as :func:`dedup_batch` (then the results' ``restore`` live in it too).
 
     Returns:
       ``(BatchKeys, [BatchResult per table])``.
@@ -228,7 +303,7 @@ def process_tables(processors: list, keys: np.ndarray, seg_ends: np.ndarray,
     Raises:
       As :meth:`KeyProcessor.process`.
     """
-    batch = dedup_batch(keys, seg_ends, seg_coefs, table_segs)
+    batch = dedup_batch(keys, seg_ends, seg_coefs, table_segs, scratch)
     pad_tos = pad_tos or [None] * len(processors)
     return batch, [p.process_unique(*batch.table(t), train, timestamp, pad_tos[t])
                    for t, p in enumerate(processors)]
@@ -621,13 +696,14 @@ class KeyProcessor:
         """What the training batch being processed changes (``seq`` set by the caller);
         ``last_seen_before``: its rows' last-seen before the batch (empty without a
         timestamp)."""
-        keys = uniq[:n_unique]
+        # Copies: the batch's arrays may live in a scratch the next batch reuses.
+        keys = uniq[:n_unique].copy()
         # A view: the batch's own array, which nothing writes once its rows are assigned
         # (a tiered table's placement no longer overwrites it).
         logical = rows[:n_unique]
         counted = None
         if not from_sketch and self.threshold != 0:   # threshold 0 stops counting
-            counted = weight[:n_unique]
+            counted = weight[:n_unique].copy()
         before = last_seen_before if timestamp is not None else None
         return BatchEffects(seq=-1, keys=keys, rows=logical, counted=counted,
                             admitted=keys[new_pos[:n_new]], admitted_from_sketch=from_sketch,

@@ -37,7 +37,7 @@ from sparseflow.distributed import op_chains
 from sparseflow.ops.op_shards import width_shards
 from sparseflow.optimizers.base import host_update_by_optimizer
 from sparseflow.pipeline.batch_clock import batch_timestamp, no_timestamp
-from sparseflow.pipeline.key_processor import process_tables
+from sparseflow.pipeline.key_processor import borrow_scratch, process_tables
 from sparseflow.row_sums import sum_rows_by_index
 from sparseflow.table import SparseTable, host_table
 from sparseflow.tf2 import saved_state
@@ -264,16 +264,18 @@ class Embedding(tf.Module):
             keys = [ids[k] for k in order]
             lengths = np.fromiter((k.shape[0] for k in keys), np.int64, n_features)
             ends = np.cumsum(lengths)
-            batch, results = process_tables([t.processor for t in embedding()._tables],
-                                            np.concatenate(keys), ends, ones, table_segs,
-                                            bool(training), stamp)
-            restores = [None] * n_features
-            for k, start, end in zip(order, ends - lengths, ends):
-                restores[k] = batch.restore[start:end]
-            parts = [result.rows for result in results] + restores
-            sizes = np.fromiter([p.shape[0] for p in parts] + [r.seq for r in results],
-                                np.int64, len(parts) + n_tables)
-            return tensor_buffers.concatenate(parts, np.int32), sizes
+            with borrow_scratch() as scratch:   # the batch's key arrays, reused
+                batch, results = process_tables([t.processor for t in embedding()._tables],
+                                                scratch.joined_keys(keys), ends, ones,
+                                                table_segs, bool(training), stamp,
+                                                scratch=scratch)
+                restores = [None] * n_features
+                for k, start, end in zip(order, ends - lengths, ends):
+                    restores[k] = batch.restore[start:end]
+                parts = [result.rows for result in results] + restores
+                sizes = np.fromiter([p.shape[0] for p in parts] + [r.seq for r in results],
+                                    np.int64, len(parts) + n_tables)
+                return tensor_buffers.concatenate(parts, np.int32), sizes
 
         # One int32 tensor of every table's unique rows then every feature's restore vector,
         # and their sizes (then each table's batch number): two tensors per batch, whatever

@@ -1,0 +1,78 @@
+"""The key pipeline's scratch memory is reused from batch to batch, also on TensorFlow's own
+threads, and nothing a batch leaves behind (the read-ahead journal) aliases it."""
+
+import numpy as np
+import tensorflow as tf
+
+import sparseflow as sf
+from sparseflow.ops import key_kernels
+from sparseflow.pipeline import key_processor as kpmod
+
+BATCH, FEATURES, BATCHES = 256, 3, 12
+
+
+def _generated_batches(seed: int):
+    """Batches through ``Dataset.from_generator`` and ``unbatch``, as YAML jobs read files."""
+    rng = np.random.default_rng(seed)
+    runs = [{f"f{i}": rng.integers(0, 5000, (4, BATCH)) for i in range(FEATURES)}
+            for _ in range(BATCHES // 4)]
+    signature = {f"f{i}": tf.TensorSpec([None, BATCH], tf.int64) for i in range(FEATURES)}
+    return tf.data.Dataset.from_generator(lambda: iter(runs),
+                                          output_signature=signature).unbatch()
+
+
+def test_dedup_scratch_and_key_buffers_are_reused_across_batches_on_tf_threads(sf_init,
+                                                                              monkeypatch):
+    """TensorFlow runs a numpy function on its own threads and may drop their Python thread
+    state after each call: scratch kept per Python thread was allocated afresh (and paid its
+    page faults) every batch. Every batch must run in the same scratch and key buffers."""
+    seen = []
+    dedup_tables = key_kernels.dedup_tables
+
+    def recording(keys, seg_ends, seg_coefs, table_segs, scratch_keys, scratch_tags, *rest):
+        uniq, restore, weight = rest[1:4]
+        seen.append((scratch_tags.ctypes.data, keys.ctypes.data, uniq.ctypes.data,
+                     restore.ctypes.data, weight.ctypes.data))
+        return dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch_keys, scratch_tags,
+                            *rest)
+
+    monkeypatch.setattr(key_kernels, "dedup_tables", recording)
+    specs = [sf.FeatureSpec(f"f{i}", table_name=f"t{i}", access_threshold=1)
+             for i in range(FEATURES)]
+    for i in range(FEATURES):
+        sf.create_table(tf.int64, 4, f"t{i}", tf.compat.v1.zeros_initializer(),
+                        device_vocabulary_size=20_000)
+    ds = _generated_batches(0).map(sf.get_asc_insert_func(tgt_key_specs=specs))
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    nxt = it.get_next()
+    sf.start_asc_pipeline()
+    with tf.compat.v1.Session() as sess:
+        sess.run(it.initializer)
+        for _ in range(BATCHES):
+            sess.run(nxt)
+    assert len(seen) == BATCHES
+    # Each buffer (dedup scratch; the batch's keys, unique keys, restore and weight) sits at
+    # one address through every batch.
+    for part, name in enumerate(("dedup scratch", "keys", "uniq", "restore", "weight")):
+        assert len({s[part] for s in seen}) == 1, (name, [s[part] for s in seen])
+
+
+def test_read_ahead_journal_keeps_its_own_copy_of_a_batch_s_keys(sf_init):
+    """A batch processed ahead of the model is kept in the read-ahead journal (a checkpoint
+    leaves it out); the next batch, processed in the same reused buffers, must not change
+    what the journal holds of the first."""
+    spec = sf.FeatureSpec("f", table_name="t", access_threshold=2)
+    table = sf.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(),
+                            device_vocabulary_size=100)
+    sf.start_asc_pipeline()
+    processor = table.processor
+    processor.track_in_flight = True   # as a training spec's lookup turns it on
+    first = np.array([5, 6, 5, 7], np.int64)
+    second = np.array([9, 10, 11, 12], np.int64)
+    for keys in (first, second):
+        ends = np.array([keys.shape[0]], np.int64)
+        kpmod.process_tables([processor], keys, ends, np.ones(1, np.int32),
+                             np.array([1], np.int64), True, None)
+    records = processor.journal._batches   # white-box: the journal has no public reader
+    assert [r.keys.tolist() for r in records] == [[5, 6, 7], [9, 10, 11, 12]]
+    assert [r.counted.tolist() for r in records] == [[2, 1, 1], [1, 1, 1, 1]]
