@@ -2,6 +2,7 @@
 threads, and nothing a batch leaves behind (the read-ahead journal) aliases it."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sparseflow as sf
@@ -59,20 +60,52 @@ def test_dedup_scratch_and_key_buffers_are_reused_across_batches_on_tf_threads(s
 
 def test_read_ahead_journal_keeps_its_own_copy_of_a_batch_s_keys(sf_init):
     """A batch processed ahead of the model is kept in the read-ahead journal (a checkpoint
-    leaves it out); the next batch, processed in the same reused buffers, must not change
+    leaves it out); the next batch, processed in the same reused scratch, must not change
     what the journal holds of the first."""
-    spec = sf.FeatureSpec("f", table_name="t", access_threshold=2)
     table = sf.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(),
                             device_vocabulary_size=100)
     sf.start_asc_pipeline()
     processor = table.processor
+    processor.threshold = 2
     processor.track_in_flight = True   # as a training spec's lookup turns it on
     first = np.array([5, 6, 5, 7], np.int64)
     second = np.array([9, 10, 11, 12], np.int64)
+    addresses = []
     for keys in (first, second):
-        ends = np.array([keys.shape[0]], np.int64)
-        kpmod.process_tables([processor], keys, ends, np.ones(1, np.int32),
-                             np.array([1], np.int64), True, None)
+        with kpmod.borrow_scratch() as scratch:
+            batch, _ = kpmod.process_tables(
+                [processor], scratch.joined_keys([keys]), np.array([keys.shape[0]], np.int64),
+                np.ones(1, np.int32), np.array([1], np.int64), True, None, scratch=scratch)
+            addresses.append(batch.uniq.ctypes.data)
+    assert addresses[0] == addresses[1]   # the second batch ran in the first one's arrays
     records = processor.journal._batches   # white-box: the journal has no public reader
     assert [r.keys.tolist() for r in records] == [[5, 6, 7], [9, 10, 11, 12]]
     assert [r.counted.tolist() for r in records] == [[2, 1, 1], [1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+def test_batch_scratch_dedups_exactly_as_it_grows_and_shrinks(key_dtype):
+    """Batches of changing sizes (empty, growing past the buffers, smaller again) and key
+    dtypes through one reused scratch give what fresh arrays give."""
+    rng = np.random.default_rng(3)
+    with kpmod.borrow_scratch() as scratch:
+        for n in (0, 5, 3000, 40, 70_000, 1, 900):
+            parts = [rng.integers(0, max(2, n // 3), size).astype(key_dtype)
+                     for size in (n // 2, n - n // 2)]
+            joined = scratch.joined_keys(parts)
+            assert joined.dtype == np.int64 and joined.shape == (n,)
+            np.testing.assert_array_equal(joined, np.concatenate(parts).astype(np.int64))
+            ends = np.array([n // 2, n], np.int64)
+            coefs = np.array([1, 2], np.int32)
+            table_segs = np.array([1, 2], np.int64)
+            got = kpmod.dedup_batch(joined, ends, coefs, table_segs, scratch)
+            fresh = kpmod.dedup_batch(joined.copy(), ends, coefs, table_segs)
+            np.testing.assert_array_equal(joined, np.concatenate(parts))   # not overwritten
+            np.testing.assert_array_equal(got.n_unique, fresh.n_unique)
+            np.testing.assert_array_equal(got.restore, fresh.restore)
+            for t in range(2):
+                u_got, r_got, w_got, count = got.table(t)
+                u_ref, r_ref, w_ref, _ = fresh.table(t)
+                np.testing.assert_array_equal(u_got[:count], u_ref[:count])
+                np.testing.assert_array_equal(w_got[:count], w_ref[:count])
+                np.testing.assert_array_equal(r_got, r_ref)

@@ -393,8 +393,10 @@ def test_dedup_batch_matches_np_unique_per_table(seed):
 
 
 def _next_scratch(n_keys):
-    """The scratch the next call on this thread borrows (the pool lends the one returned
-    last), fitted for ``n_keys`` keys."""
+    """The scratch the next call on this thread borrows, fitted for ``n_keys`` keys.
+
+    White-box: the pool lends the scratch returned last, so this holds while nothing else
+    borrows in between (no other thread of this process processes keys meanwhile)."""
     with kpmod.borrow_scratch() as scratch:
         return scratch.fit(n_keys)
 

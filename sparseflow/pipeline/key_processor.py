@@ -398,8 +398,8 @@ class KeyProcessor:
           TableFullError: admitted keys need more rows than are free; nothing was changed.
           SendCountOverflowError: more unique keys than ``pad_to``.
         """
-        # Dedup reads only the batch and this thread's scratch: outside the table lock, so that
-        # batches in flight under a parallel map overlap it.
+        # Dedup reads only the batch and a scratch borrowed for the call: outside the table
+        # lock, so that batches in flight under a parallel map overlap it.
         return self.process_unique(*dedup_keys(keys, seg_ends, seg_coefs), train, timestamp,
                                    pad_to)
 
