@@ -170,7 +170,7 @@ class KeyRouter:
         with borrow_scratch() as scratch:
             scratch.fit(shard_kernels.longest_table(key_ends, self._table_segs))
             send, counts, place, gather, sizes, overflow = shard_kernels.route_keys(
-                _joined(keys, np.int64), key_ends, self._coefs, self._table_segs,
+                scratch.joined_keys(keys), key_ends, self._coefs, self._table_segs,
                 self._order, self._segment_tables, n, self.hash == "mix",
                 -1 if self.send_count is None else self.send_count, PAD_KEY, scratch.keys,
                 scratch.tags, scratch.next_generation(n_tables))
@@ -489,8 +489,3 @@ def _update_count(table) -> int:
     """Updates ``table``'s optimizer has applied to it (0 without one)."""
     optimizer = table.rows.optimizer
     return 0 if optimizer is None else optimizer.steps(table.table_name)
-
-
-def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
-    """``parts`` concatenated as one contiguous ``dtype`` array (empty without parts)."""
-    return np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0), dtype)

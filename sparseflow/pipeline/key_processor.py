@@ -109,7 +109,8 @@ class BatchScratch:
         valid while it is borrowed and until the next :meth:`joined_keys`."""
         n = sum(p.size for p in parts)
         out = self._parts(n)[0]
-        np.concatenate([p.reshape(-1) for p in parts], out=out, casting="same_kind")
+        if parts:
+            np.concatenate([p.reshape(-1) for p in parts], out=out, casting="same_kind")
         return out
 
     def dedup_outputs(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,26 +256,25 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
     Returns:
       A :class:`BatchKeys`.
     """
-    if scratch is None:
-        with borrow_scratch() as lent:
-            return _dedup_batch(keys, seg_ends, seg_coefs, table_segs, lent, False)
-    return _dedup_batch(keys, seg_ends, seg_coefs, table_segs, scratch, True)
-
-
-def _dedup_batch(keys, seg_ends, seg_coefs, table_segs, scratch: BatchScratch,
-                 in_scratch: bool) -> BatchKeys:
     keys = np.ascontiguousarray(keys, np.int64)
     n = keys.shape[0]
+    if scratch is None:
+        with borrow_scratch() as lent:
+            return _dedup_into(keys, seg_ends, seg_coefs, table_segs, lent,
+                               np.empty(n, np.int64), np.empty(n, np.int64),
+                               np.empty(n, np.int32))
+    return _dedup_into(keys, seg_ends, seg_coefs, table_segs, scratch,
+                       *scratch.dedup_outputs(n))
+
+
+def _dedup_into(keys, seg_ends, seg_coefs, table_segs, scratch: BatchScratch, uniq, weight,
+                restore) -> BatchKeys:
+    """:func:`dedup_batch`'s kernel call, writing ``uniq``, ``weight`` and ``restore``."""
     table_ends = np.zeros(table_segs.shape[0], np.int64)
     bounded = table_segs > 0
     table_ends[bounded] = seg_ends[table_segs[bounded] - 1]
     starts = np.concatenate(([0], table_ends[:-1])) if table_ends.shape[0] else table_ends
     longest = int((table_ends - starts).max()) if table_ends.shape[0] else 0
-    if in_scratch:
-        uniq, weight, restore = scratch.dedup_outputs(n)
-    else:
-        uniq, weight, restore = np.empty(n, np.int64), np.empty(n, np.int64), \
-            np.empty(n, np.int32)
     n_unique = np.zeros(table_segs.shape[0], np.int64)
     scratch.fit(longest)
     kk.dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch.keys, scratch.tags,
