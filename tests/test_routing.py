@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import sparseflow as sf
 from sparseflow.distributed.cluster import World, local_tf_config, world_from_env
-from sparseflow.distributed.routing import KeyRouter
+from sparseflow.distributed.routing import KeyRouter, split_hand_over
 from sparseflow.ops import shard_kernels
 from sparseflow.distributed.sharding import PAD_KEY, owner_of
 from sparseflow.embed.table_config import make_table_config
@@ -707,7 +707,9 @@ def test_a_handed_over_step_sums_by_its_slots_as_sum_gradients_does(threshold):
     n, m = steps[0][1].shape[:2]
     grads = np.random.default_rng(threshold + 5).normal(size=(n, m, 4)).astype(np.float32)
     assert all(table.processor._outstanding for table in twins[0].tables)   # noqa: SLF001
-    slots, rows, sizes = twins[0].hand_over(steps[0][0])
+    packed = twins[0].hand_over(steps[0][0])
+    slots, rows, sizes = split_hand_over(packed, len(twins[0].tables), n * m)
+    assert packed.shape == (len(twins[0].tables) + n * m + rows.shape[0],)
     reference = twins[1].sum_gradients(steps[1][0], grads)
     assert slots.dtype == rows.dtype == sizes.dtype == np.int32
     assert slots.shape == (n * m,) and sizes.tolist() == [r.shape[0] for r, _ in reference]

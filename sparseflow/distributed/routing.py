@@ -300,18 +300,19 @@ class KeyRouter:
         return all(table.gathers_in_kernel for table in self.tables)
 
     @_timed("update")
-    def hand_over(self, token: int) -> tuple:
+    def hand_over(self, token: int) -> np.ndarray:
         """Hands training token ``token``'s update to TF ops (the TF2 faces' compiled
         update, ``BatchExchange``): after its :meth:`gather` (``keep=True``), the token is
         done here and its batch released; its rows stay out of reuse until the update's
         drain (as after a compiled gather in one process).
 
         Returns:
-          ``(slots, rows, sizes)``: int32 ``slots [N * m]``, each received entry's index
-          among every table's unique keys one table after another (``U``, one past them,
-          for padding); int32 ``rows [U]``, those keys' rows (-1: none); int32
-          ``sizes [T]``, each table's unique keys. A gradient ``[N, m, max_dim]`` summed
-          by ``slots`` is each key's gradient over every rank.
+          int32 ``[T + N * m + U]``, one array (each output of a numpy function costs
+          TensorFlow ~13 us to hand back): ``sizes [T]``, each table's unique keys; then
+          ``slots [N * m]``, each received entry's index among every table's unique keys
+          one table after another (``U``, one past them, for padding); then ``rows [U]``,
+          those keys' rows (-1: none). :func:`split_hand_over` cuts it. A gradient
+          ``[N, m, max_dim]`` summed by ``slots`` is each key's gradient over every rank.
 
         The batch is consumed for checkpoints now (what it changed is saved) and stays in
         flight for eviction until its update has run (rows evicted meanwhile wait in the
@@ -327,15 +328,16 @@ class KeyRouter:
                 raise RuntimeError(f"Step token {int(token)} is an evaluation's: it has no "
                                    f"update to hand over.")
             del self._pending[int(token)]
-        sizes = np.fromiter((result.rows.shape[0] for _, result in pending.tables), np.int32,
-                            len(pending.tables))
-        total = int(sizes.sum())
-        slots = np.full(pending.n * pending.m, total, np.int32)
-        rows = np.empty(total, np.int32)
+        n_tables, n_entries = len(pending.tables), pending.n * pending.m
+        total = sum(result.rows.shape[0] for _, result in pending.tables)
+        packed = tensor_buffers.empty(n_tables + n_entries + total, np.int32)
+        slots, rows, sizes = split_hand_over(packed, n_tables, n_entries)
+        slots.fill(total)
         start = 0
         awaiting = []
         for t, (table, (entries, result)) in enumerate(zip(self.tables, pending.tables)):
             end = start + result.rows.shape[0]
+            sizes[t] = end - start
             rows[start:end] = result.rows
             slots[entries] = result.restore + start
             start = end
@@ -346,7 +348,7 @@ class KeyRouter:
                 # After the updates of the batches handed over before it, then its own.
                 waiting = self._awaiting_update[t]
                 waiting.append((seq, count + len(waiting) + 1))
-        return slots, rows, sizes
+        return packed
 
     def _release_updated(self) -> None:
         """Releases the handed-over batches whose update has run (their table's optimizer
@@ -461,6 +463,16 @@ class KeyRouter:
           token: from :meth:`process` (training).
           grads: float32 ``[N, m, max_dim]`` in the layout :meth:`process` received.
         """
+        packed, values = self.sum_gradients_packed(token, grads)
+        return split_summed(packed, values, [table.dim for table in self.tables])
+
+    def sum_gradients_packed(self, token: int, grads: np.ndarray) -> tuple:
+        """:meth:`sum_gradients` as two arrays, for a numpy function (each output costs
+        TensorFlow ~13 us to hand back; 26 tables made 52): int32 ``[T + U]``, each table's
+        unique keys ``sizes [T]`` then every table's rows one table after another, and
+        float32 ``[sum of U_t * dim_t]``, every table's ``[U_t, dim_t]`` summed gradients
+        one table after another. :func:`split_summed` cuts them.
+        """
         with self._lock:
             taken = self._take(token, pop=True)
             pending, placed = taken.tables, taken.slots
@@ -469,15 +481,49 @@ class KeyRouter:
             for table, (_, result) in zip(self.tables, tables):
                 table.release_batch(result.seq, drain=True)
         flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
-        out = []
-        for table, (entries, result), slots in zip(self.tables, pending, placed):
-            summed = tensor_buffers.zeros((result.rows.shape[0], table.dim), np.float32)
+        n_tables = len(self.tables)
+        total = sum(result.rows.shape[0] for _, result in pending)
+        packed = tensor_buffers.empty(n_tables + total, np.int32)
+        values = tensor_buffers.zeros(
+            sum(result.rows.shape[0] * table.dim
+                for table, (_, result) in zip(self.tables, pending)), np.float32)
+        start = value_start = 0
+        for t, (table, (entries, result), slots) in enumerate(zip(self.tables, pending, placed)):
+            n_rows = result.rows.shape[0]
+            summed = values[value_start:value_start + n_rows * table.dim].reshape(n_rows,
+                                                                                  table.dim)
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
             if gradients_divided_by_ranks(table.config):
                 summed /= self.world_size
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
-            out.append((result.rows if slots is None else slots, summed))
-        return out
+            packed[t] = n_rows
+            packed[n_tables + start:n_tables + start + n_rows] = (result.rows if slots is None
+                                                                  else slots)
+            start += n_rows
+            value_start += n_rows * table.dim
+        return packed, values
+
+
+def split_hand_over(packed: np.ndarray, n_tables: int, n_entries: int) -> tuple:
+    """:meth:`KeyRouter.hand_over`'s array cut into ``(slots [N * m], rows [U], sizes [T])``
+    (views)."""
+    return (packed[n_tables:n_tables + n_entries], packed[n_tables + n_entries:],
+            packed[:n_tables])
+
+
+def split_summed(packed: np.ndarray, values: np.ndarray, dims: list) -> list:
+    """:meth:`KeyRouter.sum_gradients_packed`'s arrays cut per table (views):
+    ``[(int32 rows [U_t], float32 [U_t, dim_t])]``, ``dims`` each table's width."""
+    n_tables = len(dims)
+    out = []
+    start = value_start = 0
+    for t, dim in enumerate(dims):
+        n_rows = int(packed[t])
+        out.append((packed[n_tables + start:n_tables + start + n_rows],
+                    values[value_start:value_start + n_rows * dim].reshape(n_rows, dim)))
+        start += n_rows
+        value_start += n_rows * dim
+    return out
 
 
 # Handed-over batches kept waiting for their updates, at most, per table: a step's update
