@@ -177,3 +177,78 @@ def test_rows_evicted_between_a_lookup_and_its_update_wait_for_the_update():
     step.apply_at_owners(tf.ones_like(rows))
     lookup([3], 100)   # after the update: the row is free again
     assert table.processor.rows_waiting == 0
+
+
+def _twins_with_a_routed_batch(threshold: int):
+    """Two identical 1-worker routers, the same batch routed by each: one for the
+    exchange under test, one for the key router's own calls as the reference."""
+    from tests.test_routing import make_router
+
+    batch = [np.array([5, 12, 5, 40], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
+             np.array([9, 3, 3], np.int64)]
+    twins = [make_router(1, threshold=threshold) for _ in range(2)]
+    routes = [router.route(batch) for router in twins]
+    return twins, routes
+
+
+@pytest.mark.parametrize("threshold", [-1, 2])
+def test_owner_gradients_cut_per_table_as_sum_gradients_gives_them(threshold):
+    """The Session faces' owner gradients come back from their numpy function as one int32
+    and one float32 array and are cut per table by TF ops: each table's IndexedSlices
+    against ``KeyRouter.sum_gradients`` on a twin router given the same step and the same
+    gradients (tables of different widths, keys without a row at threshold 2)."""
+    twins, routes = _twins_with_a_routed_batch(threshold)
+    send, counts, place, gather, _ = routes[0]
+    # A graph, as the Session faces build it: the gradient is built before the step runs,
+    # so the lookup keeps its keys pending for it.
+    with tf.Graph().as_default():
+        ex = BatchExchange(twins[0], _LoopbackDynamic(1), tf.constant(send),
+                           tf.constant(counts), tf.constant(place), tf.constant(0, tf.int64),
+                           train=True, stamped=False)
+        ex.forward(flags=True)
+        dy = tf.constant(np.random.default_rng(threshold + 9).normal(
+            size=(place.shape[0], twins[0].max_dim)).astype(np.float32))
+        received = ex.to_owners(dy)   # the loopback's all-to-all: the identity
+        slices = ex.owner_gradients(dy)
+        with tf.compat.v1.Session() as sess:
+            received, slices = sess.run(
+                [received, [(s.indices, s.values) for s in slices]])
+
+    send, counts, *_ = routes[1]
+    token = twins[1].process(send, counts, None, True)
+    twins[1].gather(token)
+    reference = twins[1].sum_gradients(token, received)
+    assert len(slices) == len(reference) == len(twins[0].tables)
+    for table, (indices, values), (want_rows, want) in zip(twins[0].tables, slices,
+                                                          reference):
+        assert values.shape == (want_rows.shape[0], table.dim)
+        np.testing.assert_array_equal(indices, want_rows)
+        np.testing.assert_allclose(values, want, rtol=1e-6, atol=1e-6)
+    assert (reference[0][0] < 0).any() == (threshold > 0)
+
+
+def test_a_handed_over_lookup_cuts_slots_rows_and_sizes_as_hand_over_lays_them_out():
+    """The TF2 faces' owner lookup hands its update over in one int32 array: the slots,
+    rows and sizes the exchange cuts out of it against ``KeyRouter.hand_over`` on a twin
+    router given the same step."""
+    from sparseflow.distributed.routing import split_hand_over
+
+    twins, routes = _twins_with_a_routed_batch(-1)
+    assert twins[0].updates_in_graph
+    send, counts, place, gather, _ = routes[0]
+    ex = BatchExchange(twins[0], _LoopbackDynamic(1), tf.constant(send), tf.constant(counts),
+                       tf.constant(place), tf.constant(0, tf.int64), train=True,
+                       stamped=False, keep=True)
+    assert ex.in_graph
+    ex.forward(flags=False)
+
+    send, counts, *_ = routes[1]
+    token = twins[1].process(send, counts, None, True)
+    twins[1].gather(token)
+    slots, rows, sizes = split_hand_over(twins[1].hand_over(token), len(twins[1].tables),
+                                         send.shape[0] * send.shape[1])
+    np.testing.assert_array_equal(ex.owner_sizes.numpy(), sizes)
+    np.testing.assert_array_equal(ex.slots.numpy(), slots)
+    np.testing.assert_array_equal(ex.owner_rows.numpy(), rows)
+    # Admission off: every key owns a row; the sizes add up to the rows.
+    assert sizes.all() and sizes.sum() == rows.shape[0] and (rows >= 0).all()
