@@ -392,6 +392,26 @@ def test_dedup_batch_matches_np_unique_per_table(seed):
         batch.restore, np.concatenate([batch.table(t)[1] for t in range(len(tables))]))
 
 
+@pytest.mark.parametrize("seg_ends,table_segs", [
+    ([3, 5, 9], [1, 3]),            # two tables
+    ([3, 5, 9], [0, 0, 2, 2, 3]),   # tables without segments first and between
+    ([4], [1]),                      # one table
+    ([], []),                        # no tables
+    ([0, 0, 6], [2, 3]),             # empty segments
+])
+def test_table_bounds_against_numpy(seg_ends, table_segs):
+    """Where each table's keys lie and the most any table has, against the numpy formula
+    the kernel replaced."""
+    seg_ends, table_segs = np.array(seg_ends, np.int64), np.array(table_segs, np.int64)
+    ends = np.zeros(table_segs.shape[0], np.int64)
+    ends[table_segs > 0] = seg_ends[table_segs[table_segs > 0] - 1]
+    starts = np.concatenate(([0], ends[:-1])).astype(np.int64) if ends.shape[0] else ends
+    got_starts, got_ends, longest = kk.table_bounds(seg_ends, table_segs)
+    np.testing.assert_array_equal(got_starts, starts)
+    np.testing.assert_array_equal(got_ends, ends)
+    assert longest == (int((ends - starts).max()) if ends.shape[0] else 0)
+
+
 def _next_scratch(n_keys):
     """The scratch the next call on this thread borrows, fitted for ``n_keys`` keys.
 

@@ -243,7 +243,8 @@ class KeyRouter:
         _, results = process_tables([table.processor for table in self.tables], keys,
                                     np.arange(1, keys.shape[0] + 1, dtype=np.int64), weights,
                                     ends, train, timestamp)
-        entries = np.split(positions, ends[:-1])
+        bounds = ends.tolist()   # slices, not np.split: ~7 us a call in numpy's Python
+        entries = [positions[a:b] for a, b in zip([0] + bounds[:-1], bounds)]
         tables = list(zip(entries, results))
         with self._lock:
             token = next(self._tokens)

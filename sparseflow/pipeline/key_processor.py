@@ -270,11 +270,7 @@ def dedup_batch(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray,
 def _dedup_into(keys, seg_ends, seg_coefs, table_segs, scratch: BatchScratch, uniq, weight,
                 restore) -> BatchKeys:
     """:func:`dedup_batch`'s kernel call, writing ``uniq``, ``weight`` and ``restore``."""
-    table_ends = np.zeros(table_segs.shape[0], np.int64)
-    bounded = table_segs > 0
-    table_ends[bounded] = seg_ends[table_segs[bounded] - 1]
-    starts = np.concatenate(([0], table_ends[:-1])) if table_ends.shape[0] else table_ends
-    longest = int((table_ends - starts).max()) if table_ends.shape[0] else 0
+    starts, table_ends, longest = kk.table_bounds(seg_ends, table_segs)
     n_unique = np.zeros(table_segs.shape[0], np.int64)
     scratch.fit(longest)
     kk.dedup_tables(keys, seg_ends, seg_coefs, table_segs, scratch.keys, scratch.tags,
