@@ -179,30 +179,43 @@ def test_rows_evicted_between_a_lookup_and_its_update_wait_for_the_update():
     assert table.processor.rows_waiting == 0
 
 
-def _twins_with_a_routed_batch(threshold: int):
-    """Two identical 1-worker routers, the same batch routed by each: one for the
-    exchange under test, one for the key router's own calls as the reference."""
+# A batch of the routing tests' three features; in the second, feature 0 (the only one of
+# table 1, "narrow") has no keys, so that table has no unique keys.
+_BATCHES = {
+    "full": [np.array([5, 12, 5, 40], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
+             np.array([9, 3, 3], np.int64)],
+    "empty_table": [np.array([], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
+                    np.array([9, 3, 3], np.int64)],
+}
+
+
+def _twins_with_a_routed_batch(threshold: int, world_size: int = 1, batch: str = "full"):
+    """Two identical routers of ``world_size`` workers, the same batch routed by each: one
+    for the exchange under test, one for the key router's own calls as the reference. (The
+    loopback hands the send buffer back as what was received: every worker's row comes to
+    this owner.)"""
     from tests.test_routing import make_router
 
-    batch = [np.array([5, 12, 5, 40], np.int64), np.array([7, 9, 12, 7, 7], np.int64),
-             np.array([9, 3, 3], np.int64)]
-    twins = [make_router(1, threshold=threshold) for _ in range(2)]
-    routes = [router.route(batch) for router in twins]
+    twins = [make_router(world_size, threshold=threshold) for _ in range(2)]
+    routes = [router.route(_BATCHES[batch]) for router in twins]
     return twins, routes
 
 
-@pytest.mark.parametrize("threshold", [-1, 2])
-def test_owner_gradients_cut_per_table_as_sum_gradients_gives_them(threshold):
+@pytest.mark.parametrize("threshold,world_size,batch", [
+    (-1, 1, "full"), (2, 1, "full"), (2, 3, "full"), (-1, 3, "empty_table")])
+def test_owner_gradients_cut_per_table_as_sum_gradients_gives_them(threshold, world_size,
+                                                                    batch):
     """The Session faces' owner gradients come back from their numpy function as one int32
     and one float32 array and are cut per table by TF ops: each table's IndexedSlices
     against ``KeyRouter.sum_gradients`` on a twin router given the same step and the same
-    gradients (tables of different widths, keys without a row at threshold 2)."""
-    twins, routes = _twins_with_a_routed_batch(threshold)
+    gradients (tables of different widths, keys without a row at threshold 2, several
+    workers' rows, a table without keys)."""
+    twins, routes = _twins_with_a_routed_batch(threshold, world_size, batch)
     send, counts, place, gather, _ = routes[0]
     # A graph, as the Session faces build it: the gradient is built before the step runs,
     # so the lookup keeps its keys pending for it.
     with tf.Graph().as_default():
-        ex = BatchExchange(twins[0], _LoopbackDynamic(1), tf.constant(send),
+        ex = BatchExchange(twins[0], _LoopbackDynamic(world_size), tf.constant(send),
                            tf.constant(counts), tf.constant(place), tf.constant(0, tf.int64),
                            train=True, stamped=False)
         ex.forward(flags=True)
@@ -210,6 +223,8 @@ def test_owner_gradients_cut_per_table_as_sum_gradients_gives_them(threshold):
             size=(place.shape[0], twins[0].max_dim)).astype(np.float32))
         received = ex.to_owners(dy)   # the loopback's all-to-all: the identity
         slices = ex.owner_gradients(dy)
+        assert all(t.indices.shape.rank == 1 and t.values.shape.as_list() == [None, table.dim]
+                   for t, table in zip(slices, twins[0].tables))
         with tf.compat.v1.Session() as sess:
             received, slices = sess.run(
                 [received, [(s.indices, s.values) for s in slices]])
@@ -224,31 +239,41 @@ def test_owner_gradients_cut_per_table_as_sum_gradients_gives_them(threshold):
         assert values.shape == (want_rows.shape[0], table.dim)
         np.testing.assert_array_equal(indices, want_rows)
         np.testing.assert_allclose(values, want, rtol=1e-6, atol=1e-6)
-    assert (reference[0][0] < 0).any() == (threshold > 0)
+    assert (np.concatenate([r for r, _ in reference]) < 0).any() == (threshold > 0)
+    assert reference[1][0].shape[0] == (0 if batch == "empty_table" else 3)
 
 
-def test_a_handed_over_lookup_cuts_slots_rows_and_sizes_as_hand_over_lays_them_out():
+@pytest.mark.parametrize("world_size,batch", [(1, "full"), (3, "full"), (3, "empty_table")])
+def test_a_handed_over_lookup_cuts_slots_rows_and_sizes_as_hand_over_lays_them_out(
+        world_size, batch):
     """The TF2 faces' owner lookup hands its update over in one int32 array: the slots,
-    rows and sizes the exchange cuts out of it against ``KeyRouter.hand_over`` on a twin
-    router given the same step."""
+    rows and sizes the exchange cuts out of it (rank-1 tensors in a graph) against
+    ``KeyRouter.hand_over`` on a twin router given the same step."""
     from sparseflow.distributed.routing import split_hand_over
 
-    twins, routes = _twins_with_a_routed_batch(-1)
+    twins, routes = _twins_with_a_routed_batch(-1, world_size, batch)
     assert twins[0].updates_in_graph
     send, counts, place, gather, _ = routes[0]
-    ex = BatchExchange(twins[0], _LoopbackDynamic(1), tf.constant(send), tf.constant(counts),
-                       tf.constant(place), tf.constant(0, tf.int64), train=True,
-                       stamped=False, keep=True)
-    assert ex.in_graph
-    ex.forward(flags=False)
+    with tf.Graph().as_default():
+        ex = BatchExchange(twins[0], _LoopbackDynamic(world_size), tf.constant(send),
+                           tf.constant(counts), tf.constant(place), tf.constant(0, tf.int64),
+                           train=True, stamped=False, keep=True)
+        assert ex.in_graph
+        ex.forward(flags=False)
+        assert ex.slots.shape.rank == ex.owner_rows.shape.rank == 1
+        assert ex.owner_sizes.shape.as_list() == [len(twins[0].tables)]
+        with tf.compat.v1.Session() as sess:
+            got_sizes, got_slots, got_rows = sess.run([ex.owner_sizes, ex.slots,
+                                                       ex.owner_rows])
 
     send, counts, *_ = routes[1]
     token = twins[1].process(send, counts, None, True)
     twins[1].gather(token)
     slots, rows, sizes = split_hand_over(twins[1].hand_over(token), len(twins[1].tables),
                                          send.shape[0] * send.shape[1])
-    np.testing.assert_array_equal(ex.owner_sizes.numpy(), sizes)
-    np.testing.assert_array_equal(ex.slots.numpy(), slots)
-    np.testing.assert_array_equal(ex.owner_rows.numpy(), rows)
+    np.testing.assert_array_equal(got_sizes, sizes)
+    np.testing.assert_array_equal(got_slots, slots)
+    np.testing.assert_array_equal(got_rows, rows)
     # Admission off: every key owns a row; the sizes add up to the rows.
-    assert sizes.all() and sizes.sum() == rows.shape[0] and (rows >= 0).all()
+    assert sizes.sum() == rows.shape[0] and (rows >= 0).all()
+    assert sizes[1] == (0 if batch == "empty_table" else 3)

@@ -52,6 +52,8 @@ class BatchExchange:
         # A TF2 training step's update as TF ops (the gradients' sum and the optimizers'
         # compiled update) rather than a numpy function: the lookup hands the token over.
         self.in_graph = keep and train and router.updates_in_graph
+        # token: the owner's step token (None on the in_graph path, where the update is
+        # handed over with slots, owner_rows and owner_sizes instead).
         self.token = self.m = self.rung = self.where = None
         self.slots = self.owner_rows = self.owner_sizes = None
 
@@ -118,6 +120,7 @@ class BatchExchange:
                 reply, handed = tf.numpy_function(
                     span.guard(process_read_and_hand_over), arguments,
                     [tf.float32, tf.int32], stateful=True, name="sparseflow_owner_lookup")
+                handed.set_shape([None])
                 # KeyRouter.hand_over's layout: sizes [T], slots [N * m], rows [U].
                 n_tables = len(router.tables)
                 n_entries = self.exchange.world_size * self.m
@@ -196,7 +199,9 @@ class BatchExchange:
         """``dy`` (float32 ``[U, max_dim]``, or ``[K, max_dim]`` after a forward with
         ``keys``: a gradient of :meth:`forward`'s rows) summed per entry and sent to
         the keys' owners: float32 ``[N, m, max_dim]`` in the layout the owner received the
-        keys in (``KeyRouter.sum_gradients`` / ``update`` take it with :attr:`token`)."""
+        keys in (``KeyRouter.sum_gradients`` / ``update`` take it with :attr:`token`; a
+        handed-over step, :attr:`in_graph`, has no token: its update sums it by
+        :attr:`slots`)."""
         self._keep[0] = True
         n, max_dim = self.exchange.world_size, self.router.max_dim
         # Keyed rows: several keys share an entry, so their gradients add up there.
@@ -216,9 +221,9 @@ class BatchExchange:
         def summed(token, grads):
             return router_ref().sum_gradients_packed(token, grads)
 
-        # Two outputs for every table (two per table cost TensorFlow ~13 us each to hand
-        # back: 0.7 ms a step for 26 tables); cut as KeyRouter.sum_gradients_packed lays
-        # them out.
+        # Two outputs for all the tables, not two per table (each output costs TensorFlow
+        # ~13 us to hand back: 0.7 ms a step for 26 tables); cut as
+        # KeyRouter.sum_gradients_packed lays them out.
         packed, flat_values = tf.numpy_function(summed, [self.token, received],
                                                 [tf.int32, tf.float32], stateful=True,
                                                 name="sparseflow_owner_gradients")

@@ -454,8 +454,9 @@ class KeyRouter:
         """Per table, the rows of :meth:`process` ``token``'s keys and each key's gradients
         summed over its entries (so over workers; divided by the number of workers for a
         table created with ``all2all_gradients_op="sum_gradients_and_div_by_ranksize"``):
-        ``[(int32 rows [U], float32 [U, dim])]``,
-        -1 for keys without a row. The token's batch is released: its evicted rows are freed
+        ``[(int32 rows [U], float32 [U, dim])]`` (views into the two arrays of
+        :meth:`sum_gradients_packed`), -1 for keys without a row. The token's batch is
+        released: its evicted rows are freed
         by the optimizer's update (``after_update``), or now for a table without one. Tokens
         older than ``token`` whose gradients never came (a training step that only looked
         up) are released too.
