@@ -33,6 +33,7 @@ import numpy as np
 from sparseflow import tensor_buffers
 from sparseflow.distributed.sharding import HASHES, PAD_KEY
 from sparseflow.embed.table_config import gradients_divided_by_ranks
+from sparseflow.ops import key_kernels as kk
 from sparseflow.ops import shard_kernels
 from sparseflow.optimizers.base import apply_by_optimizer
 from sparseflow.pipeline.key_processor import (SendCountOverflowError, borrow_scratch,
@@ -168,7 +169,7 @@ class KeyRouter:
         # One kernel for every table (the Keras face routes each of 26 tables on its own:
         # per call, each numpy step here cost more than the work).
         with borrow_scratch() as scratch:
-            scratch.fit(shard_kernels.longest_table(key_ends, self._table_segs))
+            scratch.fit(kk.table_bounds(key_ends, self._table_segs)[2])
             send, counts, place, gather, sizes, overflow = shard_kernels.route_keys(
                 scratch.joined_keys(keys), key_ends, self._coefs, self._table_segs,
                 self._order, self._segment_tables, n, self.hash == "mix",
@@ -484,25 +485,18 @@ class KeyRouter:
                 table.release_batch(result.seq, drain=True)
         flat = np.ascontiguousarray(grads.reshape(-1, grads.shape[-1]), np.float32)
         n_tables = len(self.tables)
-        total = sum(result.rows.shape[0] for _, result in pending)
-        packed = tensor_buffers.empty(n_tables + total, np.int32)
-        values = tensor_buffers.zeros(
-            sum(result.rows.shape[0] * table.dim
-                for table, (_, result) in zip(self.tables, pending)), np.float32)
-        start = value_start = 0
-        for t, (table, (entries, result), slots) in enumerate(zip(self.tables, pending, placed)):
-            n_rows = result.rows.shape[0]
-            summed = values[value_start:value_start + n_rows * table.dim].reshape(n_rows,
-                                                                                  table.dim)
+        n_rows = [result.rows.shape[0] for _, result in pending]
+        packed = tensor_buffers.empty(n_tables + sum(n_rows), np.int32)
+        packed[:n_tables] = n_rows
+        dims = [table.dim for table in self.tables]
+        values = tensor_buffers.zeros(sum(u * dim for u, dim in zip(n_rows, dims)), np.float32)
+        for table, (entries, result), slots, (rows, summed) in zip(
+                self.tables, pending, placed, split_summed(packed, values, dims)):
             shard_kernels.sum_entries(flat, entries, result.restore, table.dim, summed)
             if gradients_divided_by_ranks(table.config):
                 summed /= self.world_size
             table.release_batch(result.seq, drain=table.rows.optimizer is None)
-            packed[t] = n_rows
-            packed[n_tables + start:n_tables + start + n_rows] = (result.rows if slots is None
-                                                                  else slots)
-            start += n_rows
-            value_start += n_rows * table.dim
+            rows[:] = result.rows if slots is None else slots
         return packed, values
 
 

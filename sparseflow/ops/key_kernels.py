@@ -116,8 +116,9 @@ def table_bounds(seg_ends, table_segs):
     Returns:
       ``(starts, ends, longest)``: int64 ``[T]`` table ``t``'s keys are
       ``keys[starts[t]:ends[t]]``; ``longest`` the largest ``ends - starts`` (0 for no
-      tables). In Python these were eight small-array numpy calls a batch (~10 us, per
-      Keras layer and step on an owner).
+      tables). The one walk of the tables' bounds: dedup's and routing's scratch sizes,
+      routing's table starts (in Python these were eight small-array numpy calls a batch,
+      ~10 us per Keras layer and step on an owner).
     """
     n_tables = table_segs.shape[0]
     starts = np.zeros(n_tables, np.int64)

@@ -17,8 +17,8 @@ from numba import types
 
 from sparseflow.distributed.sharding import PAD_KEY
 from sparseflow.ops import tf_capi as capi
-from sparseflow.ops.key_kernels import scratch_slots
-from sparseflow.ops.shard_kernels import longest_table, route_keys
+from sparseflow.ops.key_kernels import scratch_slots, table_bounds
+from sparseflow.ops.shard_kernels import route_keys
 
 ROUTE_KEYS = "SparseflowRouteKeys"
 
@@ -121,7 +121,7 @@ def _route_body(context, status, scratch, config):
             capi.int64_pointer(capi.tensor_data(handles[j])), n)
         start = key_ends[j]
     capi.delete_handles(handles)
-    size = scratch_slots(longest_table(key_ends, table_segs))
+    size = scratch_slots(table_bounds(key_ends, table_segs)[2])
     send, counts, place, gather, sizes, _ = route_keys(
         keys, key_ends, coefs, table_segs, order, segment_tables, world, mixed, -1, PAD_KEY,
         np.zeros(size, np.int64), np.zeros(size, np.int64), 1)

@@ -8,7 +8,7 @@ import numpy as np
 
 from sparseflow.ops.batch_kernels import gather_rows
 from sparseflow.ops.hash_index import mix64
-from sparseflow.ops.key_kernels import dedup_tables
+from sparseflow.ops.key_kernels import dedup_tables, table_bounds
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -128,20 +128,6 @@ def lay_out_keys(uniq, weight, owners, table_ends, starts, width, send, place):
 
 
 @numba.njit(**_JIT)
-def longest_table(key_ends, table_segs):
-    """The most keys any one table has in a batch whose segments end at ``key_ends``
-    (int64 ``[S]``), table t's segments ending at ``table_segs[t]`` (the scratch
-    :func:`route_keys` needs is sized for it)."""
-    longest = 0
-    start = 0
-    for t in range(table_segs.shape[0]):
-        end = key_ends[table_segs[t] - 1] if table_segs[t] > 0 else 0
-        longest = max(longest, end - start)
-        start = max(start, end)
-    return longest
-
-
-@numba.njit(**_JIT)
 def route_keys(keys, key_ends, coefs, table_segs, features, segment_tables, world, mixed,
                send_count, pad_key, scratch_keys, scratch_tags, generation):
     """One batch's keys laid out by owner, in one call: every table's keys deduplicated
@@ -164,7 +150,7 @@ def route_keys(keys, key_ends, coefs, table_segs, features, segment_tables, worl
         ``send_count * T`` wide), or -1: as wide as this batch needs (at least 1).
       pad_key: the key of unused slots.
       scratch_keys, scratch_tags, generation: the dedup's scratch
-        (:func:`key_kernels.dedup`), at least ``scratch_slots(longest_table(...))`` long;
+        (:func:`key_kernels.dedup`), at least ``scratch_slots(table_bounds(...)[2])`` long;
         the call stamps ``generation .. generation + T - 1``.
 
     Returns:
@@ -184,12 +170,7 @@ def route_keys(keys, key_ends, coefs, table_segs, features, segment_tables, worl
     n_unique = np.zeros(n_tables, np.int64)
     dedup_tables(keys, key_ends, coefs, table_segs, scratch_keys, scratch_tags, generation,
                  uniq, restore, weight, n_unique)
-    starts = np.empty(n_tables, np.int64)   # each table's first key in ``keys``
-    at = 0
-    for t in range(n_tables):
-        starts[t] = at
-        if table_segs[t] > 0:
-            at = max(at, key_ends[table_segs[t] - 1])
+    starts = table_bounds(key_ends, table_segs)[0]   # each table's first key in ``keys``
     total = 0
     for t in range(n_tables):
         total += n_unique[t]
