@@ -28,6 +28,26 @@ CSV_BLOCK_BYTES = 1 << 22    # bytes per CSV block (about 25k Criteo rows)
 SPLITS = ("train", "eval")
 
 
+@functools.lru_cache(maxsize=None)
+def read_pool() -> pa.MemoryPool:
+    """The Arrow memory pool the file readers decode into: jemalloc where this pyarrow has it
+    and the user has not chosen a default pool (``ARROW_DEFAULT_MEMORY_POOL``), else Arrow's
+    default pool.
+
+    Why not the default (mimalloc): its arenas ask for transparent huge pages, and the pages
+    a record batch freed are handed back to the kernel and faulted in again by the next one,
+    each fault zeroing 2 MB. In a YAML job's Parquet pipeline that zeroing was 13% of the
+    input's CPU, about 1 ms a batch (BENCHMARKS.md, "YAML job's input").
+
+    Returns:
+      A ``pyarrow.MemoryPool`` (the same one on every call).
+    """
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ \
+            and "jemalloc" in pa.supported_memory_backends():
+        return pa.jemalloc_memory_pool()
+    return pa.default_memory_pool()
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnPlan:
     """The ``columns:`` section, flattened into what readers need (hashable).
@@ -220,7 +240,8 @@ def parquet_blocks(files: list[str], plan: ColumnPlan):
     def blocks():
         for path, fragment in fragments:
             try:
-                batches = fragment.to_batches(columns=list(plan.names), batch_size=READ_ROWS)
+                batches = fragment.to_batches(columns=list(plan.names), batch_size=READ_ROWS,
+                                              memory_pool=read_pool())
                 for batch in batches:
                     if batch.num_rows:
                         yield arrow_to_block(batch, plan, path)
@@ -276,7 +297,7 @@ def csv_blocks(source: str, files: list[str], csv_options, plan: ColumnPlan):
         for path in files:
             try:
                 reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                       convert_options=convert)
+                                       convert_options=convert, memory_pool=read_pool())
                 for batch in reader:
                     if batch.num_rows:
                         yield arrow_to_block(batch, plan, path)

@@ -300,7 +300,8 @@ class ParquetSource:
         for path, fragment in self._fragments:
             try:
                 for batch in fragment.to_batches(columns=self._read,
-                                                 batch_size=job_readers.READ_ROWS):
+                                                 batch_size=job_readers.READ_ROWS,
+                                                 memory_pool=job_readers.read_pool()):
                     if batch.num_rows:
                         yield self._convert(path, batch)
             except (pa.ArrowException, OSError) as err:
@@ -422,7 +423,8 @@ class CsvSource:
         for path in self.files:
             try:
                 reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                       convert_options=convert)
+                                       convert_options=convert,
+                                       memory_pool=job_readers.read_pool())
                 for batch in reader:
                     if batch.num_rows:
                         yield to_batch(path, batch, self.columns, self.kinds,

@@ -1,0 +1,104 @@
+"""The Arrow memory pool sparseflow's file readers decode into (``jobs.readers.read_pool``).
+
+The YAML jobs' readers and the feature-stats job's readers must decode Parquet and CSV into
+the pool ``read_pool`` names (jemalloc where pyarrow has it): Arrow's default pool faulted
+its freed huge pages in again batch after batch (BENCHMARKS.md, "YAML job's input"). Checked
+by where a streamed batch's decoded columns live while the reader holds it: in the read pool.
+(Arrow still reads the file's raw pages into its default pool; only the decoded columns, the
+bulk of what a batch allocates, follow the pool a reader is given.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparseflow.jobs import readers
+from sparseflow.jobs.schema import ColumnsConfig, SparseColumn
+from sparseflow.stats.readers import CsvSource, ParquetSource
+
+ROWS = 50_000
+COLUMN_BYTES = ROWS * 8   # one int64 column
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool_choice():
+    readers.read_pool.cache_clear()
+    yield
+    readers.read_pool.cache_clear()
+
+
+def _table():
+    rng = np.random.default_rng(0)
+    return pa.table({"label": rng.integers(0, 2, ROWS).astype(np.float64),
+                     "C1": rng.integers(0, 10**12, ROWS),
+                     "C2": rng.integers(0, 10**12, ROWS),
+                     "timestamp": np.arange(ROWS, dtype=np.int64)})
+
+
+def _parquet(tmp_path):
+    path = str(tmp_path / "part.parquet")
+    pq.write_table(_table(), path)
+    return path
+
+
+def _csv(tmp_path):
+    import pyarrow.csv as pcsv
+
+    path = str(tmp_path / "part.csv")
+    pcsv.write_csv(_table(), path)
+    return path
+
+
+def _plan():
+    return readers.ColumnPlan.from_columns(ColumnsConfig(
+        labels=("label",), dense=(), sparse=(SparseColumn("C1"), SparseColumn("C2")),
+        timestamp="timestamp"))
+
+
+def _job_parquet(tmp_path):
+    return readers.parquet_blocks([_parquet(tmp_path)], _plan())()
+
+
+def _job_csv(tmp_path):
+    from sparseflow.jobs.schema import CsvOptions
+
+    return readers.csv_blocks("csv", [_csv(tmp_path)], CsvOptions(), _plan())()
+
+
+def _stats_parquet(tmp_path):
+    return ParquetSource(_parquet(tmp_path), ["C1", "C2"], timestamp="timestamp").batches()
+
+
+def _stats_csv(tmp_path):
+    return CsvSource(_csv(tmp_path), ["C1", "C2"], timestamp="timestamp").batches()
+
+
+def test_read_pool_is_jemalloc_where_pyarrow_has_it(monkeypatch):
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    pool = readers.read_pool()
+    expected = "jemalloc" if "jemalloc" in pa.supported_memory_backends() \
+        else pa.default_memory_pool().backend_name
+    assert pool.backend_name == expected
+    assert readers.read_pool() is pool
+
+
+def test_a_default_pool_the_user_chose_is_kept(monkeypatch):
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
+    assert readers.read_pool().backend_name == pa.default_memory_pool().backend_name
+
+
+@pytest.mark.parametrize("stream", [_job_parquet, _job_csv, _stats_parquet, _stats_csv],
+                         ids=["job-parquet", "job-csv", "stats-parquet", "stats-csv"])
+def test_readers_decode_into_the_read_pool(tmp_path, monkeypatch, stream):
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    pool = readers.read_pool()
+    batches = stream(tmp_path)
+    before = pool.bytes_allocated()
+    first = next(batches)   # the reader holds this batch's Arrow buffers until the next one
+    assert first is not None
+    # Four decoded columns of ROWS values (label, C1, C2, timestamp).
+    assert pool.bytes_allocated() - before >= 3 * COLUMN_BYTES, pool.backend_name
+    batches.close()
