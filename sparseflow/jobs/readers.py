@@ -30,14 +30,16 @@ SPLITS = ("train", "eval")
 
 @functools.lru_cache(maxsize=None)
 def read_pool() -> pa.MemoryPool:
-    """The Arrow memory pool the file readers decode into: jemalloc where this pyarrow has it
-    and the user has not chosen a default pool (``ARROW_DEFAULT_MEMORY_POOL``), else Arrow's
-    default pool.
+    """The Arrow memory pool the YAML jobs' Parquet reader decodes into: jemalloc where this
+    pyarrow has it and the user has not chosen a default pool (``ARROW_DEFAULT_MEMORY_POOL``),
+    else Arrow's default pool.
 
-    Why not the default (mimalloc): its arenas ask for transparent huge pages, and the pages
-    a record batch freed are handed back to the kernel and faulted in again by the next one,
-    each fault zeroing 2 MB. In a YAML job's Parquet pipeline that zeroing was 13% of the
-    input's CPU, about 1 ms a batch (BENCHMARKS.md, "YAML job's input").
+    Why not the default (mimalloc): in a job's input pipeline, beside TensorFlow, the pages
+    mimalloc's arenas freed went back to the kernel and were faulted in again as 2 MB huge
+    pages, each zeroed: 13% of the Criteo-shaped job's input CPU, about 1 ms a batch
+    (BENCHMARKS.md, "YAML job's input"). The CSV readers and the feature-stats job keep the
+    default pool: reading alone, without TensorFlow beside it, jemalloc measured no faster
+    for Parquet and ~10% slower for CSV.
 
     Returns:
       A ``pyarrow.MemoryPool`` (the same one on every call).
@@ -297,7 +299,7 @@ def csv_blocks(source: str, files: list[str], csv_options, plan: ColumnPlan):
         for path in files:
             try:
                 reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                       convert_options=convert, memory_pool=read_pool())
+                                       convert_options=convert)
                 for batch in reader:
                     if batch.num_rows:
                         yield arrow_to_block(batch, plan, path)

@@ -300,8 +300,7 @@ class ParquetSource:
         for path, fragment in self._fragments:
             try:
                 for batch in fragment.to_batches(columns=self._read,
-                                                 batch_size=job_readers.READ_ROWS,
-                                                 memory_pool=job_readers.read_pool()):
+                                                 batch_size=job_readers.READ_ROWS):
                     if batch.num_rows:
                         yield self._convert(path, batch)
             except (pa.ArrowException, OSError) as err:
@@ -423,8 +422,7 @@ class CsvSource:
         for path in self.files:
             try:
                 reader = pcsv.open_csv(path, read_options=read, parse_options=parse,
-                                       convert_options=convert,
-                                       memory_pool=job_readers.read_pool())
+                                       convert_options=convert)
                 for batch in reader:
                     if batch.num_rows:
                         yield to_batch(path, batch, self.columns, self.kinds,
