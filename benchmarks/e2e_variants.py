@@ -608,7 +608,7 @@ def write_parquet(data: Data, path: str) -> None:
     as the reader decodes ahead (the same batches from the start, cyclically), which no
     run reaches.
 
-    Without those rows a run's whole file (83 batches here) is decoded ahead during its
+    Without those rows a run's whole file (83 batches on 2 cores) is decoded ahead during its
     warm-up, and the timed steps would never pay for decoding Parquet; with them the
     reader keeps decoding during the timed steps, as it does in a job over files longer
     than its read-ahead."""

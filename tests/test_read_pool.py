@@ -92,6 +92,8 @@ def test_read_pool_is_jemalloc_where_pyarrow_has_it(monkeypatch):
 
 def test_a_default_pool_the_user_chose_is_kept(monkeypatch):
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
+    monkeypatch.setattr(pa, "jemalloc_memory_pool",
+                        lambda: pytest.fail("jemalloc chosen over the user's default pool"))
     assert readers.read_pool().backend_name == pa.default_memory_pool().backend_name
 
 
@@ -105,11 +107,14 @@ def test_readers_decode_into_their_pool(tmp_path, monkeypatch, stream, into_read
     _PROXIES.append(proxy)
     monkeypatch.setattr(readers, "read_pool", lambda: proxy)
     batches = stream(tmp_path)
-    first = next(batches)   # the reader holds this batch's Arrow buffers until the next one
-    assert first is not None
-    if into_read_pool:
-        # Four decoded columns of ROWS values (label, C1, C2, timestamp).
-        assert proxy.bytes_allocated() >= 3 * COLUMN_BYTES
-    else:
-        assert proxy.max_memory() == 0
-    batches.close()
+    try:
+        # The suspended reader holds this batch's Arrow buffers; the block is not kept, so a
+        # failing assertion's traceback cannot hold them past the proxies.
+        assert next(batches) is not None
+        if into_read_pool:
+            # Four decoded columns of ROWS values (label, C1, C2, timestamp).
+            assert proxy.bytes_allocated() >= 3 * COLUMN_BYTES
+        else:
+            assert proxy.max_memory() == 0
+    finally:
+        batches.close()
