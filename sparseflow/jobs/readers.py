@@ -37,7 +37,7 @@ def read_pool() -> pa.MemoryPool:
     Why not the default (mimalloc): in a job's input pipeline, beside TensorFlow, the pages
     mimalloc's arenas freed went back to the kernel and were faulted in again as 2 MB huge
     pages: 26% of the Criteo-shaped job's Parquet input CPU in page faults, 13% zeroing huge
-    pages; jemalloc saved 1-3 ms of CPU a batch (BENCHMARKS.md, "YAML job's input"). The
+    pages; jemalloc saved 0.5-3 ms of CPU a batch (BENCHMARKS.md, "YAML job's input"). The
     CSV readers and the feature-stats job keep the default pool: reading alone, without
     TensorFlow beside it, jemalloc measured no faster for Parquet and ~10% slower for CSV.
 
