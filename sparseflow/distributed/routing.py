@@ -241,11 +241,12 @@ class KeyRouter:
                 f"{n} x {m} entries (each count >= 0, each sender's at most {m}): "
                 f"{counts.tolist()[:8]}. The ranks run different code or a message was "
                 f"corrupted.")
-        _, results = process_tables([table.processor for table in self.tables], keys,
-                                    np.arange(1, keys.shape[0] + 1, dtype=np.int64), weights,
-                                    ends, train, timestamp)
-        bounds = ends.tolist()   # slices, not np.split: ~7 us a call in numpy's Python
-        entries = [positions[a:b] for a, b in zip([0] + bounds[:-1], bounds)]
+        batch, results = process_tables([table.processor for table in self.tables], keys,
+                                        np.arange(1, keys.shape[0] + 1, dtype=np.int64),
+                                        weights, ends, train, timestamp)
+        # Each entry is one key: the dedup's table bounds cut the entries too (slices, not
+        # np.split: ~7 us a call in numpy's Python).
+        entries = [positions[a:b] for a, b in zip(batch.starts.tolist(), batch.ends.tolist())]
         tables = list(zip(entries, results))
         with self._lock:
             token = next(self._tokens)
