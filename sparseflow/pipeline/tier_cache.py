@@ -43,10 +43,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparseflow.ops import tier_kernels
+
 POLICIES = ("lru", "lfu")
 # A batch read ahead this many sequence numbers behind a claimed one was abandoned (its
 # iterator re-initialized or its session closed): what the cache still keeps for it is dropped.
 ABANDONED_AFTER = 4096
+_NO_USES = np.zeros(0, np.int64)   # LRU scores need no use counts
 
 
 class CacheFullError(RuntimeError):
@@ -194,15 +197,15 @@ class TierCache:
         n_victims = n - take_free.shape[0]
         victims = np.zeros(0, np.int32)
         if n_victims:
-            candidates = self._candidates(resident)
-            if candidates.shape[0] < n_victims:
+            victims, eligible = self._victims(resident, n_victims)
+            if eligible < n_victims:
                 if not take_back:
                     return None
-                candidates = self._take_back(resident, n_victims)
-            if candidates.shape[0] < n_victims:
+                victims, eligible = self._take_back(resident, n_victims)
+            if eligible < n_victims:
                 raise CacheFullError(
                     f"Table `{self.table_name}`: a batch needs {n} rows moved into the "
-                    f"fast tier, but only {take_free.shape[0] + candidates.shape[0]} of "
+                    f"fast tier, but only {take_free.shape[0] + eligible} of "
                     f"its {self.slots} slots ({self.size_hint}) are free or unused by the "
                     f"{len(self._pinned)} batches in flight. Raise the fast tier's size "
                     f"to at least the unique keys of the batches one step reads (batches "
@@ -211,7 +214,6 @@ class TierCache:
                     f"fetching a training lookup without the train op keeps its batch "
                     f"pinned until the next update; {len(self._released)} gathered batches "
                     f"await theirs.)")
-            victims = self._victims(candidates, n_victims)
         out_rows = self.row_in[victims].copy()
         self.slot_of[out_rows] = -1
         leaving = victims
@@ -260,43 +262,34 @@ class TierCache:
             if slots is not None:
                 self.pins[slots[slots >= 0]] -= 1
 
-    def _take_back(self, resident: np.ndarray, needed: int) -> np.ndarray:
+    def _take_back(self, resident: np.ndarray, needed: int) -> tuple[np.ndarray, int]:
         """Unpins the slots placed early for other batches, the batch furthest ahead first,
-        until ``needed`` slots may be emptied; returns the candidates then. Those batches are
-        placed again at their steps. The caller holds :attr:`lock`."""
+        until ``needed`` slots may be emptied; returns :meth:`_victims` then. Those batches
+        are placed again at their steps. The caller holds :attr:`lock`."""
         newest_claim = max(self._pinned, default=-1)
         # Batches read ahead furthest from the step first (an abandoned one, from an
         # iterator re-initialized since, is behind every claim: it goes early too).
         order = sorted(self._read_ahead, key=lambda s: -abs(s - newest_claim))
-        candidates = self._candidates(resident)
+        victims, eligible = self._victims(resident, needed)
         for seq in order:
-            if candidates.shape[0] >= needed:
+            if eligible >= needed:
                 break
             slots = self._read_ahead.pop(seq)
             self.pins[slots[slots >= 0]] -= 1
-            candidates = self._candidates(resident)
-        return candidates
+            victims, eligible = self._victims(resident, needed)
+        return victims, eligible
 
-    def _candidates(self, resident: np.ndarray) -> np.ndarray:
-        """Slots that may be emptied: holding a row, pinned by no batch, not one of the
-        batch's own resident rows."""
-        eligible = (self.pins == 0) & (self.row_in >= 0)
-        eligible[resident] = False
-        return np.flatnonzero(eligible)
-
-    def _victims(self, candidates: np.ndarray, n: int) -> np.ndarray:
-        """The ``n`` candidates to evict: oldest (LRU) or least placed (LFU) first, ties by
-        slot. A partition (O(slots)), then only those sorted."""
-        if self.uses is not None:
-            score = self.uses[self.row_in[candidates]]
-        else:
-            score = self.last_used[candidates]
-        if n < candidates.shape[0]:
-            pick = np.argpartition(score, n - 1)[:n]
-        else:
-            pick = np.arange(candidates.shape[0])
-        pick = pick[np.lexsort((candidates[pick], score[pick]))]
-        return candidates[pick].astype(np.int32)
+    def _victims(self, resident: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+        """The ``n`` slots to empty first, and how many slots may be emptied at all: those
+        holding a row, pinned by no batch and not among ``resident`` (the batch's own).
+        Oldest (LRU) or least placed (LFU) first, ties by slot; fewer than ``n`` when fewer
+        may be emptied. One kernel call (``ops/tier_kernels.py``)."""
+        out = np.empty(n, np.int32)
+        lfu = self.uses is not None
+        eligible = tier_kernels.select_victims(
+            self.pins, self.row_in, self.last_used, self.uses if lfu else _NO_USES, lfu,
+            resident.astype(np.int32, copy=False), n, out)
+        return out[:min(n, eligible)], int(eligible)
 
     def release(self, seq: int) -> None:
         """Marks batch ``seq`` gathered: an evaluation batch's slots are unpinned now, a
