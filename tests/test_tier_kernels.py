@@ -31,7 +31,7 @@ def random_state(rng, slots, rows, score_range):
 
 
 @pytest.mark.parametrize("lfu", [False, True])
-@pytest.mark.parametrize("score_range", [3, 1000, 2**40])   # 3: many ties; 2**40: no packing
+@pytest.mark.parametrize("score_range", [3, 1000, 2**40])   # 3: many ties; 2**40: heap path
 @pytest.mark.parametrize("seed", range(6))
 def test_victims_match_the_reference(lfu, score_range, seed):
     rng = np.random.default_rng(seed)
@@ -41,12 +41,13 @@ def test_victims_match_the_reference(lfu, score_range, seed):
     pins_before = pins.copy()
     for n in sorted({0, 1, 2, 7, slots // 3, slots, slots + 10}):
         want, want_eligible = reference(pins, row_in, last_used, uses, lfu, resident, n)
-        out = np.full(max(n, 1), -7, np.int32)
+        out = np.full(n + 8, -7, np.int32)
         eligible = tier_kernels.select_victims(pins, row_in, last_used,
                                                uses if lfu else np.zeros(0, np.int64), lfu,
                                                resident, n, out)
         assert eligible == want_eligible
         np.testing.assert_array_equal(out[:min(n, eligible)], want)
+        assert (out[min(n, eligible):] == -7).all()   # nothing written past the victims
     np.testing.assert_array_equal(pins, pins_before)
 
 
@@ -61,13 +62,34 @@ def test_resident_slots_listed_twice_are_left_out_once():
     np.testing.assert_array_equal(out[:4], [4, 3, 1, 0])
 
 
-def test_the_cache_evicts_the_least_recently_used_unpinned_slots_first():
+@pytest.mark.parametrize("lfu", [False, True])
+@pytest.mark.parametrize("scores", [
+    [np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0, 5],   # a range that wraps int64
+    [2**62, -2**62, 0, 5],
+    [-3, -1, -2, -3],
+])
+def test_scores_of_any_sign_and_size_match_the_reference(lfu, scores):
+    scores = np.array(scores, np.int64)
+    pins = np.zeros(4, np.int32)
+    row_in = np.arange(4, dtype=np.int32)
+    resident = np.zeros(0, np.int32)
+    for n in range(6):
+        want, want_eligible = reference(pins, row_in, scores, scores, lfu, resident, n)
+        out = np.full(n + 8, -7, np.int32)
+        eligible = tier_kernels.select_victims(pins, row_in, scores, scores, lfu, resident,
+                                               n, out)
+        assert eligible == want_eligible
+        np.testing.assert_array_equal(out[:min(n, eligible)], want)
+
+
+def test_the_cache_evicts_the_oldest_slot_neither_pinned_nor_the_batchs_own():
     cache = TierCache("t", slots=4, rows=10)
     with cache.lock:
         first = cache._assign(np.array([0, 1, 2, 3], np.int32), take_back=False)
-        cache._assign(np.array([2, 3], np.int32), take_back=False)   # 0, 1 are now oldest
-        cache.pins[first[1]] += 1                                     # row 1 is in flight
+        cache._assign(np.array([0, 1, 3], np.int32), take_back=False)   # row 2 is oldest
+        cache.pins[first[0]] += 1                                        # row 0 in flight
         slots = cache._assign(np.array([2, 7], np.int32), take_back=False)
-    # Row 7 takes row 0's slot: the oldest, unpinned and not the batch's own (row 2).
-    assert slots[1] == first[0]
-    assert cache.slot_of[0] == -1 and cache.slot_of[1] == first[1]
+    # Row 2 is the batch's own and row 0 pinned; of rows 1 and 3 (one clock), the lower slot.
+    assert slots[0] == first[2]
+    assert slots[1] == min(first[1], first[3])
+    assert cache.slot_of[2] == first[2] and cache.slot_of[0] == first[0]

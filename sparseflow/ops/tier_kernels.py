@@ -89,7 +89,7 @@ def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out):
       last_used: int64 per slot, the LRU clock (scores under LRU).
       uses: int64 per row, placements (scores under LFU; may be empty under LRU).
       lfu: score by ``uses[row_in[slot]]`` instead of ``last_used[slot]``.
-      resident: int32 slots the batch keeps.
+      resident: int32 slots the batch keeps (values outside ``[0, slots)`` are ignored).
       n: victims wanted, >= 0.
       out: int32 ``[>= n]``; receives ``min(n, eligible)`` victims, lowest score first,
         ties by slot.
@@ -119,7 +119,9 @@ def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out):
     wanted = min(n, eligible)
     if wanted == 0:
         return eligible
-    if (high - low < _BUCKETS_PER_CANDIDATE * eligible + _MIN_BUCKETS
+    # Scores below 0 (never the cache's clocks or counts) take the heap: ``high - low`` of
+    # scores of both signs could wrap around int64.
+    if (low >= 0 and high - low < _BUCKETS_PER_CANDIDATE * eligible + _MIN_BUCKETS
             and eligible <= _CANDIDATES_PER_VICTIM * wanted):
         _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted, out)
     else:
@@ -131,7 +133,7 @@ def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out):
 def _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted, out):
     """:func:`select_victims` by a histogram of the scores and a stable placement."""
     n_slots = row_in.shape[0]
-    counts = np.zeros(high - low + 1, np.int64)
+    counts = np.zeros(high - low + 1, np.int32)   # slots are int32: so is any count
     for s in range(n_slots):
         r = row_in[s]
         if r < 0 or pins[s] != 0:
@@ -142,16 +144,18 @@ def _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted
         if 0 <= s < n_slots and row_in[s] >= 0 and pins[s] == 0:
             counts[(uses[row_in[s]] if lfu else last_used[s]) - low] -= 1
     # Every score below the threshold bucket goes; of the threshold's, the lowest slots.
-    starts = np.empty(counts.shape[0], np.int64)
+    # The counts up to it become each bucket's next place in ``out``.
     taken = 0
     threshold = 0
     while True:
-        starts[threshold] = taken
-        if taken + counts[threshold] >= wanted:
+        count = counts[threshold]
+        counts[threshold] = taken
+        if taken + count >= wanted:
             break
-        taken += counts[threshold]
+        taken += count
         threshold += 1
     quota = wanted - taken
+    starts = counts
     for s in range(n_slots):
         r = row_in[s]
         if r < 0 or pins[s] != 0:
