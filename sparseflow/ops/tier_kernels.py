@@ -13,6 +13,9 @@ import numba
 import numpy as np
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+# Each loop below writes out its slot's test (``row_in >= 0``, ``pins == 0``) and score: a
+# helper returning both, even with ``inline="always"``, made the choice 3-10x slower
+# (bench_tier_victims.py).
 
 
 @numba.njit(**_JIT)

@@ -270,14 +270,14 @@ class TierCache:
         # Batches read ahead furthest from the step first (an abandoned one, from an
         # iterator re-initialized since, is behind every claim: it goes early too).
         order = sorted(self._read_ahead, key=lambda s: -abs(s - newest_claim))
-        victims, eligible = self._victims(resident, needed)
+        eligible = self._victims(resident, 0)[1]   # counting only: the choice comes once
         for seq in order:
             if eligible >= needed:
                 break
             slots = self._read_ahead.pop(seq)
             self.pins[slots[slots >= 0]] -= 1
-            victims, eligible = self._victims(resident, needed)
-        return victims, eligible
+            eligible = self._victims(resident, 0)[1]
+        return self._victims(resident, needed)
 
     def _victims(self, resident: np.ndarray, n: int) -> tuple[np.ndarray, int]:
         """The ``n`` slots to empty first, and how many slots may be emptied at all: those
