@@ -237,6 +237,41 @@ def main(argv=None) -> int:
     return 0
 
 
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_bounds_of_round(r: dict, cores: int) -> dict:
+    """What ``cores`` CPUs allow in one round, from the measured process CPU per step.
+
+    A step takes at least its CPU time over the cores. ``d_floor`` is (d)'s step with its
+    CPU packed on every core and none idle; ``a_floor`` the ceiling's. Any table
+    implementation runs every op of the ceiling's model besides its tables' work, so its step
+    is at least ``a_floor``. Returns, for each of d/a, d/c and d/b present: the ratio (d) could
+    reach at ``d_floor`` (its work as it is, no idle core) and at ``a_floor`` (tables that
+    cost nothing), keyed ``"<ratio> as is"`` and ``"<ratio> any"``; and the floors (ms).
+    Empty without (a)'s and (d)'s CPU.
+    """
+    if "a" not in r or "d" not in r or r["a"].cpu_ms is None or r["d"].cpu_ms is None:
+        return {}
+    out = {"d_floor": r["d"].cpu_ms / cores, "a_floor": r["a"].cpu_ms / cores,
+           "d_cpu": r["d"].cpu_ms, "a_cpu": r["a"].cpu_ms}
+    others = {"d/a": r["a"].step_ms}
+    if "c" in r:
+        others["d/c"] = r["c"].step_ms
+    bs = [r[b].step_ms for b in ("b", "b_tf2") if b in r]
+    if bs:
+        others["d/b"] = min(bs)   # the faster (b), as the ratio uses
+    for key, step_ms in others.items():
+        out[f"{key} as is"] = step_ms / out["d_floor"]
+        out[f"{key} any"] = step_ms / out["a_floor"]
+    return out
+
+
 def summarize(rounds, args) -> dict:
     variants = [v for v in args.variants if all(v in r for r in rounds)]
     per = {}
@@ -247,6 +282,8 @@ def summarize(rounds, args) -> dict:
             "rounds": [x.samples_per_s for x in rs],
             "step_ms": statistics.median(x.step_ms for x in rs),
             "wait": statistics.median(x.wait_share for x in rs),
+            "cpu_ms": (statistics.median(x.cpu_ms for x in rs)
+                       if all(x.cpu_ms is not None for x in rs) else None),
             "new_keys": (statistics.median(x.new_keys_per_step for x in rs)
                          if rs[0].new_keys_per_step is not None else None),
             "steps": len(rs[0].step_s)}
@@ -255,14 +292,24 @@ def summarize(rounds, args) -> dict:
     ratios = {k: {"median": statistics.median(rr[k] for rr in ratio_rounds),
                   "rounds": [rr[k] for rr in ratio_rounds]}
               for k in keys if ratio_rounds and all(k in rr for rr in ratio_rounds)}
-    return {"per": per, "ratios": ratios}
+    cores = usable_cores()
+    bound_rounds = [cpu_bounds_of_round(r, cores) for r in rounds]
+    bounds = {k: {"median": statistics.median(b[k] for b in bound_rounds),
+                  "rounds": [b[k] for b in bound_rounds]}
+              for k in (bound_rounds[0] if bound_rounds else {})
+              if all(k in b for b in bound_rounds)}
+    return {"per": per, "ratios": ratios, "bounds": bounds, "cores": cores}
 
 
 def print_summary(s):
     print("\nmedian over rounds:")
     for v, p in s["per"].items():
+        cpu = f"  CPU {p['cpu_ms']:6.1f} core-ms" if p["cpu_ms"] is not None else ""
         print(f"  {LABELS[v]:78s} {p['samples']:10,.0f} samples/s  {p['step_ms']:7.1f} ms  "
-              f"input wait {_pct(p['wait']):>6s}")
+              f"input wait {_pct(p['wait']):>6s}{cpu}")
+    for k, x in s["bounds"].items():
+        print(f"  bound {k}: {x['median']:.2f} "
+              f"(rounds: {', '.join(f'{y:.2f}' for y in x['rounds'])})")
     for (k, target) in TARGETS:
         if k in s["ratios"]:
             x = s["ratios"][k]
@@ -755,6 +802,31 @@ def render_findings(prof, summary, cap) -> str:
     return "\n".join(lines)
 
 
+def render_cpu_bounds(summary) -> list:
+    """The paragraph and table of what the cores allow (``cpu_bounds_of_round``), or []."""
+    b, cores = summary["bounds"], summary["cores"]
+    if not b:
+        return []
+    lines = ["", (f"**What {cores} cores allow.** A step takes at least its process CPU "
+                  f"time over the {cores} cores (the CPU/step column: every thread, the "
+                  "step's ops and the key pipeline beside it, over the untraced steps). "
+                  f"(d) spent {b['d_cpu']['median']:.1f} core-ms a step and the ceiling "
+                  f"{b['a_cpu']['median']:.1f}, so (d)'s step could not fall below "
+                  f"{b['d_floor']['median']:.1f} ms with its work as it is and no core ever "
+                  "idle, and no implementation of the tables, which runs every op of the "
+                  "ceiling's model besides its own, below the ceiling's "
+                  f"{b['a_floor']['median']:.1f} ms. The ratios those floors allow (per "
+                  "round, median):"),
+              "", "| ratio | target | (d)'s work as it is, no idle core | tables that cost "
+                  "nothing, no idle core |", "|---|---:|---:|---:|"]
+    for key, target in TARGETS[:3]:
+        if f"{key} as is" not in b:
+            continue
+        lines.append(f"| {key} | >= {target:g} | {b[f'{key} as is']['median']:.2f} | "
+                     f"{b[f'{key} any']['median']:.2f} |")
+    return lines
+
+
 def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
     per, ratios = summary["per"], summary["ratios"]
     cmd = ".venv/bin/python benchmarks/e2e.py --write"
@@ -785,13 +857,15 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
          f"{args.warmup} warm-up steps ({args.warmup_b} for (b)), then {args.steps} timed "
          f"steps ({args.steps_b} for (b), ~0.25 s each)."),
         "",
-        "| variant | samples/s (median) | per round | ms/step | input wait | timed steps |",
-        "|---|---:|---|---:|---:|---:|",
+        ("| variant | samples/s (median) | per round | ms/step | CPU/step (core-ms) | "
+         "input wait | timed steps |"),
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for v, p in per.items():
         rounds = ", ".join(f"{x / 1e3:.0f}k" for x in p["rounds"])
+        cpu = f"{p['cpu_ms']:.1f}" if p["cpu_ms"] is not None else "n/a"
         lines.append(f"| {LABELS[v]} | {p['samples']:,.0f} | {rounds} | {p['step_ms']:.1f} | "
-                     f"{_pct(p['wait'])} | {p['steps']} |")
+                     f"{cpu} | {_pct(p['wait'])} | {p['steps']} |")
     if "d" in per and per["d"]["new_keys"] is not None:
         lines += ["", (f"(d)'s tables took {per['d']['new_keys']:,.0f} new keys per timed "
                        "step (median over rounds): the stream keeps bringing new keys.")]
@@ -812,6 +886,7 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
         w = per["d"]["wait"]
         lines.append(f"| (d) input wait | **{_pct(w)}** | | < {100 * WAIT_TARGET:g}% | "
                      f"{'met' if w < WAIT_TARGET else 'missed'} |")
+    lines += render_cpu_bounds(summary)
     lines += ["", ("d/b uses the faster of the two (b) variants. d_par is (d) with a parallel "
                    "map: new keys are admitted, and get their rows, in the order batches "
                    "finish processing, which varies from run to run; (d)'s sequential map is "

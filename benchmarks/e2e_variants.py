@@ -342,6 +342,9 @@ class RunResult:
     traces: list            # RunMetadata of the traced steps (kept when asked)
     loss: float
     new_keys_per_step: float | None = None
+    # Process CPU time (every thread: the step's ops and the key pipeline beside it) of each
+    # untraced step, for the variants run_graph times; None for the others.
+    cpu_s: list | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -350,6 +353,13 @@ class RunResult:
     @property
     def step_ms(self) -> float:
         return 1e3 * sum(self.step_s) / len(self.step_s)
+
+    @property
+    def cpu_ms(self) -> float | None:
+        """Mean process CPU per untraced step, core-ms (None where not measured)."""
+        if not self.cpu_s:
+            return None
+        return 1e3 * sum(self.cpu_s) / len(self.cpu_s)
 
     @property
     def wait_share(self) -> float:
@@ -402,7 +412,7 @@ def run_graph(builder, data: Data, cap: int, warmup: int, steps: int, trace_ever
                 hook(sess, built)
             keys0 = built.new_keys() if built.new_keys else None
             opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-            step_s, wait_s, traces = [], [], []
+            step_s, wait_s, traces, cpu_s = [], [], [], []
             i = 0
             n_done = 0
             while n_done < steps:
@@ -420,15 +430,17 @@ def run_graph(builder, data: Data, cap: int, warmup: int, steps: int, trace_ever
                         step_s.append(dt)
                         n_done += 1
                 else:
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     sess.run(built.train_op)
                     step_s.append(time.perf_counter() - t0)
+                    cpu_s.append(time.process_time() - c0)
                     n_done += 1
             new = None
             if built.new_keys is not None:
                 new = (built.new_keys() - keys0) / i
             loss = float(sess.run(built.loss)) if hook is None else float("nan")
-            return RunResult(step_s, wait_s, traces, loss, new)
+            return RunResult(step_s, wait_s, traces, loss, new,
+                             cpu_s if trace_every != 1 else None)
     finally:
         if sess is not None:
             sess.close()
