@@ -834,6 +834,8 @@ def render_cpu(summary) -> list:
 def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
     per, ratios = summary["per"], summary["ratios"]
     cmd = ".venv/bin/python benchmarks/e2e.py --write"
+    if args.rounds != parse_args([]).rounds:   # the command that reproduces this run
+        cmd = f".venv/bin/python benchmarks/e2e.py --rounds {args.rounds} --write"
     if args.quick:
         cmd = ".venv/bin/python benchmarks/e2e.py --quick --write"
     lines = [
