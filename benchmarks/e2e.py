@@ -48,6 +48,8 @@ import numpy as np
 import tensorflow as tf
 from report import machine_line, replace_section
 
+from sparseflow.distributed.cluster import usable_cpus
+
 SECTION = "## End-to-end throughput (Criteo-shaped DLRM)"
 VARIANTS = ("a", "a_tf2", "b", "b_tf2", "c", "d", "d_tf2", "d_tf2_1", "d_est", "d_yaml",
             "d_par")
@@ -237,14 +239,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def usable_cores() -> int:
-    """CPUs this process may run on (its affinity, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # not on Linux
-        return os.cpu_count() or 1
-
-
 def cpu_of_round(r: dict) -> dict:
     """Process CPU per step and busy cores of one round's Session variants, and what their CPU
     allows d/c and d/b.
@@ -299,7 +293,7 @@ def summarize(rounds, args) -> dict:
     cpu = {k: {"median": statistics.median(c[k] for c in cpu_rounds),
                "rounds": [c[k] for c in cpu_rounds]}
            for k in (cpu_rounds[0] if cpu_rounds else {}) if all(k in c for c in cpu_rounds)}
-    return {"per": per, "ratios": ratios, "cpu": cpu, "cores": usable_cores()}
+    return {"per": per, "ratios": ratios, "cpu": cpu, "cores": len(usable_cpus())}
 
 
 def print_summary(s):
