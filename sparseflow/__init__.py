@@ -17,6 +17,11 @@ The Rec SDK flow::
 
 import importlib
 
+from sparseflow.malloc_tuning import tune_malloc as _tune_malloc
+
+# Before any step runs: freed buffers stay mapped for the next step (malloc_tuning.py).
+_tune_malloc()
+
 # Public name -> defining module. Imported on first use (PEP 562), so that the numba kernels in
 # sparseflow.ops (and tools built on them) load without TensorFlow.
 _EXPORTS = {
