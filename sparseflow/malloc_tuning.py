@@ -10,8 +10,8 @@ and a zeroed page for every 4 KiB):
 - a thread's arena unmaps a whole sub-heap once it is free and trims its top: an arena whose
   use rises and falls across a sub-heap's end each step maps and faults it again.
 
-On 2 ranks of ``benchmarks/ranks_worker.py`` that was 1,200-2,000 page faults a step and
-rank (~1.5 core-ms each rank a step), 30-70 with the settings below, and the step 13-15%
+On 2 ranks of ``benchmarks/ranks_worker.py`` that was 850-2,230 page faults a step and
+rank (3.5-6.5 core-ms a rank a step), 24-62 with the settings below, and the step 11-19%
 faster (BENCHMARKS.md, "Sharded faces"; docs/design-notes.md, "Page faults between steps").
 
 The settings (``mallopt``): blocks up to 32 MiB come from the heap, whose top is trimmed
