@@ -44,6 +44,7 @@ def test_once_per_process():
     {"GLIBC_TUNABLES": "glibc.cpu.x86_rep_movsb_threshold=4096:glibc.malloc.top_pad=0"},
     {"MALLOC_ARENA_MAX": "4"},
     {"MALLOC_TRIM_THRESHOLD_": "0"},
+    {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"},
 ])
 def test_leaves_the_users_choice_alone(environ):
     libc = FakeLibc()
@@ -57,14 +58,21 @@ def test_tunables_of_other_parts_of_glibc_do_not_count():
     assert malloc_tuning.tune_malloc(environ, libc, force=True) is True
 
 
+def test_empty_opt_out_value_means_the_default():
+    assert malloc_tuning.tune_malloc({"SPARSEFLOW_MALLOC_TUNING": ""}, FakeLibc(),
+                                     force=True) is True
+
+
 def test_bad_opt_out_value_is_named():
     with pytest.raises(ValueError, match=r"SPARSEFLOW_MALLOC_TUNING.*'yes'"):
         malloc_tuning.tune_malloc({"SPARSEFLOW_MALLOC_TUNING": "yes"}, FakeLibc(), force=True)
 
 
-def test_refused_setting_raises():
-    with pytest.raises(RuntimeError, match="refused parameter -3"):
-        malloc_tuning.tune_malloc({}, FakeLibc(result=0), force=True)
+def test_refused_setting_warns_and_reports_not_applied():
+    libc = FakeLibc(result=0)
+    with pytest.warns(RuntimeWarning, match=r"refused M_MMAP_THRESHOLD \(-3\) = 33554432"):
+        assert malloc_tuning.tune_malloc({}, libc, force=True) is False
+    assert libc.calls == [(-3, 32 << 20)]
 
 
 _PROBE = """
@@ -81,12 +89,15 @@ print(libc.malloc_usable_size(ctypes.c_void_p(p)) - n)
 
 def _slack_of_a_16_mib_block(**env) -> int:
     """Bytes a fresh process's 16 MiB malloc gets beyond what it asked: a few from the heap,
-    most of a page when glibc mmaps the block on its own."""
+    most of a page when glibc mmaps the block on its own. Raises AssertionError (with the
+    child's stderr) when the child fails."""
     environ = {k: v for k, v in os.environ.items()
-               if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+               if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", "SPARSEFLOW_MALLOC_TUNING")
+               and not k.startswith("MALLOC_")}
     environ.update(env)
     out = subprocess.run([sys.executable, "-c", _PROBE], env=environ, capture_output=True,
-                         text=True, check=True)
+                         text=True)
+    assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[-1])
 
 
