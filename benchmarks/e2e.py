@@ -51,6 +51,7 @@ from report import machine_line, replace_section
 from sparseflow.distributed.cluster import usable_cpus
 
 SECTION = "## End-to-end throughput (Criteo-shaped DLRM)"
+DEFAULT_ROUNDS = 3
 VARIANTS = ("a", "a_tf2", "b", "b_tf2", "c", "d", "d_tf2", "d_tf2_1", "d_est", "d_yaml",
             "d_par")
 LABELS = {
@@ -81,7 +82,8 @@ def parse_args(argv=None):
                     help="timed steps of the dense-Adam variants b and b_tf2 (~0.25 s per step)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     ap.add_argument("--warmup-b", type=int, default=3, help="untimed steps of b and b_tf2")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                    help="interleaved rounds (median)")
     ap.add_argument("--trace-every", type=int, default=10,
                     help="trace every N-th step for the input wait (not timed)")
     ap.add_argument("--cap", type=int, default=10**6, help="table rows: min(cardinality, cap)")
@@ -286,14 +288,22 @@ def summarize(rounds, args) -> dict:
             "steps": len(rs[0].step_s)}
     ratio_rounds = [ratios_of_round(r) for r in rounds]
     keys = [k for k, _ in TARGETS] + list(REPORTED)
-    ratios = {k: {"median": statistics.median(rr[k] for rr in ratio_rounds),
-                  "rounds": [rr[k] for rr in ratio_rounds]}
-              for k in keys if ratio_rounds and all(k in rr for rr in ratio_rounds)}
     cpu_rounds = [cpu_of_round(r) for r in rounds]
-    cpu = {k: {"median": statistics.median(c[k] for c in cpu_rounds),
-               "rounds": [c[k] for c in cpu_rounds]}
-           for k in (cpu_rounds[0] if cpu_rounds else {}) if all(k in c for c in cpu_rounds)}
-    return {"per": per, "ratios": ratios, "cpu": cpu, "cores": len(usable_cpus())}
+    return {"per": per, "ratios": _medians(ratio_rounds, keys),
+            "cpu": _medians(cpu_rounds, cpu_rounds[0] if cpu_rounds else ()),
+            "cores": len(usable_cpus())}
+
+
+def _medians(per_round: list, keys) -> dict:
+    """``{key: {"median", "rounds"}}`` over rounds' dicts, for the keys every round has."""
+    return {k: {"median": statistics.median(r[k] for r in per_round),
+                "rounds": [r[k] for r in per_round]}
+            for k in keys if per_round and all(k in r for r in per_round)}
+
+
+def _listed(values) -> str:
+    """Per-round values as the reports print them: ``0.81, 0.84, 0.79``."""
+    return ", ".join(f"{y:.2f}" for y in values)
 
 
 def print_summary(s):
@@ -304,16 +314,16 @@ def print_summary(s):
               f"input wait {_pct(p['wait']):>6s}{cpu}")
     for k, x in s["cpu"].items():
         print(f"  {k}: {x['median']:.2f} "
-              f"(rounds: {', '.join(f'{y:.2f}' for y in x['rounds'])})")
+              f"(rounds: {_listed(x['rounds'])})")
     for (k, target) in TARGETS:
         if k in s["ratios"]:
             x = s["ratios"][k]
-            print(f"  {k}: {x['median']:.2f} (rounds: {', '.join(f'{y:.2f}' for y in x['rounds'])}) "
+            print(f"  {k}: {x['median']:.2f} (rounds: {_listed(x['rounds'])}) "
                   f"target >= {target:g}: {'PASS' if x['median'] >= target else 'MISS'}")
     for k in REPORTED:
         if k in s["ratios"]:
             x = s["ratios"][k]
-            print(f"  {k}: {x['median']:.2f} (rounds: {', '.join(f'{y:.2f}' for y in x['rounds'])}) "
+            print(f"  {k}: {x['median']:.2f} (rounds: {_listed(x['rounds'])}) "
                   "no target (targets are evaluated on (d) and d_tf2)")
 
 
@@ -818,17 +828,17 @@ def render_cpu(summary) -> list:
                   "that cost nothing) |", "|---|---:|---:|---:|"]
     for key, target in TARGETS[1:3]:
         if f"{key} as is" in c:
-            lines.append(f"| {key} | >= {target:g} | {c[f'{key} as is']['median']:.2f} "
-                         f"({', '.join(f'{y:.2f}' for y in c[f'{key} as is']['rounds'])}) | "
-                         f"{c[f'{key} any']['median']:.2f} "
-                         f"({', '.join(f'{y:.2f}' for y in c[f'{key} any']['rounds'])}) |")
+            as_is, any_ = c[f"{key} as is"], c[f"{key} any"]
+            lines.append(f"| {key} | >= {target:g} | {as_is['median']:.2f} "
+                         f"({_listed(as_is['rounds'])}) | {any_['median']:.2f} "
+                         f"({_listed(any_['rounds'])}) |")
     return lines
 
 
 def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
     per, ratios = summary["per"], summary["ratios"]
     cmd = ".venv/bin/python benchmarks/e2e.py --write"
-    if args.rounds != parse_args([]).rounds:   # the command that reproduces this run
+    if args.rounds != DEFAULT_ROUNDS:   # the command that reproduces this run
         cmd = f".venv/bin/python benchmarks/e2e.py --rounds {args.rounds} --write"
     if args.quick:
         cmd = ".venv/bin/python benchmarks/e2e.py --quick --write"
@@ -874,13 +884,13 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
         if k in ratios:
             x = ratios[k]
             lines.append(f"| {k} | **{x['median']:.2f}** | "
-                         f"{', '.join(f'{y:.2f}' for y in x['rounds'])} | >= {target:g} | "
+                         f"{_listed(x['rounds'])} | >= {target:g} | "
                          f"{'met' if x['median'] >= target else 'missed'} |")
     for k in REPORTED:
         if k in ratios:
             x = ratios[k]
             lines.append(f"| {k} | {x['median']:.2f} | "
-                         f"{', '.join(f'{y:.2f}' for y in x['rounds'])} | none: the targets "
+                         f"{_listed(x['rounds'])} | none: the targets "
                          "are evaluated on (d) and the faces' main loops | |")
     if "d" in per:
         w = per["d"]["wait"]

@@ -46,8 +46,7 @@ SETTINGS = (
     (M_TRIM_THRESHOLD, 256 << 20),
     (M_TOP_PAD, 64 << 20),
 )
-_NAMES = {M_MMAP_THRESHOLD: "M_MMAP_THRESHOLD", M_TRIM_THRESHOLD: "M_TRIM_THRESHOLD",
-          M_TOP_PAD: "M_TOP_PAD"}
+_NAMES = {value: name for name, value in globals().items() if name.startswith("M_")}
 
 # glibc reads these at startup; mallopt afterwards would override the user's choice.
 USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
@@ -78,20 +77,22 @@ def tune_malloc(environ=None, libc=None, *, force: bool = False) -> bool:
       ValueError: ``SPARSEFLOW_MALLOC_TUNING`` is set to something other than 0, 1 or empty.
     """
     global _applied
-    if _applied is not None and not force:
-        return _applied
-    environ = os.environ if environ is None else environ
+    if _applied is None or force:
+        _applied = _apply(os.environ if environ is None else environ, libc)
+    return _applied
+
+
+def _apply(environ, libc) -> bool:
+    """:func:`tune_malloc`'s decision and its mallopt calls."""
     choice = environ.get(OPT_OUT_VARIABLE, "").strip() or "1"
     if choice not in ("0", "1"):
         raise ValueError(f"Environment variable {OPT_OUT_VARIABLE} must be 0 (leave glibc's "
                          f"malloc settings alone) or 1 (tune them, the default); received "
                          f"{choice!r}.")
     if choice == "0" or _user_settings(environ):
-        _applied = False
         return False
     if libc is None:
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-            _applied = False
             return False
         libc = ctypes.CDLL(None)
     for param, value in SETTINGS:
@@ -100,12 +101,9 @@ def tune_malloc(environ=None, libc=None, *, force: bool = False) -> bool:
                           f"({value >> 20} MiB): malloc keeps its defaults from there on, and "
                           f"training steps may fault their buffers in afresh. Set "
                           f"{OPT_OUT_VARIABLE}=0 to skip the tuning.", RuntimeWarning,
-                          stacklevel=2)
-            _applied = False
+                          stacklevel=3)
             return False
-    _applied = True
     return True
-
 
 def _user_settings(environ) -> bool:
     if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
