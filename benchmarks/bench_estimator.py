@@ -63,6 +63,7 @@ def make_specs(sf):
 
 
 def session_worker(tf, sf, data, batch_size, warmup, steps) -> dict:
+    from report import timed_steps
     sf.init(use_dynamic=True)
     tf.compat.v1.train.get_or_create_global_step()
     holder = {"specs": make_specs(sf)}
@@ -73,12 +74,8 @@ def session_worker(tf, sf, data, batch_size, warmup, steps) -> dict:
     sf.start_asc_pipeline()
     with tf.compat.v1.Session() as sess:
         sess.run([iterator.initializer, tf.compat.v1.global_variables_initializer()])
-        for _ in range(warmup):
-            sess.run(train)
-        start = time.perf_counter()
-        for _ in range(steps):
-            _, value = sess.run([train, loss])
-        elapsed = time.perf_counter() - start
+        timed = timed_steps(sess, [train, loss], warmup, steps)
+    elapsed, value = timed.seconds, timed.last[1]
     return {"elapsed": elapsed, "final_loss": float(value)}
 
 

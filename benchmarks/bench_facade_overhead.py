@@ -25,7 +25,6 @@ target <= 5%).
 from __future__ import annotations
 
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -143,18 +142,15 @@ def native_graph(tf, data, batch_size):
 def worker(variant: str, batch_size: int, warmup: int, steps: int) -> dict:
     """Builds one variant's graph and times ``steps`` training steps after ``warmup``."""
     import tensorflow as tf
+    from report import timed_steps
     tf.compat.v1.disable_eager_execution()
     data = make_data(warmup + steps + 1, batch_size)
     build = facade_graph if variant == "facade" else native_graph
     iterator, train, loss, config = build(tf, data, batch_size)
     with tf.compat.v1.Session(config=config) as sess:
         sess.run([iterator.initializer, tf.compat.v1.global_variables_initializer()])
-        for _ in range(warmup):
-            sess.run(train)
-        start = time.perf_counter()
-        for _ in range(steps):
-            _, value = sess.run([train, loss])
-        elapsed = time.perf_counter() - start
+        timed = timed_steps(sess, [train, loss], warmup, steps)
+    elapsed, value = timed.seconds, timed.last[1]
     return {"samples_per_s": steps * batch_size / elapsed, "ms_per_step": 1e3 * elapsed / steps,
             "final_loss": float(value)}
 

@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import pathlib
 import tempfile
-import time
 
 import numpy as np
 import tensorflow as tf
-from report import machine_line, replace_section
+from report import machine_line, replace_section, timed_steps
 
 import sparseflow as sf
 from sparseflow.optimizers import lazy_adam
@@ -119,18 +118,11 @@ def train(data: dict, tables: dict, steps: int) -> dict:
         sf.start_asc_pipeline()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for _ in range(WARMUP):
-                sess.run(step)
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(steps - WARMUP - 1):
-                sess.run(step)
-            last = sess.run([step, loss])[1]
-            seconds = time.perf_counter() - start
-            cpu = time.process_time() - cpu_start
+            timed = timed_steps(sess, [step, loss], WARMUP, steps - WARMUP)
             stats = made["C3"].stats()
         sf.terminate_config_initializer()
-    return {"steps_per_s": (steps - WARMUP) / seconds, "loss": float(last), "stats": stats,
-            "cpu_ms": 1000 * cpu / (steps - WARMUP)}
+    return {"steps_per_s": timed.steps / timed.seconds, "loss": float(timed.last[1]),
+            "stats": stats, "cpu_ms": 1000 * timed.cpu_seconds / timed.steps}
 
 
 def main() -> None:

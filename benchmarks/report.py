@@ -11,6 +11,7 @@ import pathlib
 import platform
 import re
 import time
+from typing import Any, NamedTuple
 
 BENCHMARKS_MD = pathlib.Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
@@ -284,3 +285,32 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+class TimedSteps(NamedTuple):
+    """``timed_steps``' result: wall and process CPU seconds of the timed runs, their count, and
+    the last run's value."""
+    seconds: float
+    cpu_seconds: float
+    steps: int
+    last: Any
+
+
+def timed_steps(sess, fetch, warmup: int, steps: int) -> TimedSteps:
+    """Runs ``sess.run(fetch)`` ``warmup`` times, then ``steps`` times timed.
+
+    Every run asks for the same fetches: a Session builds executors (grappler over the whole
+    graph) for each new set of fetches, so a timed window whose last run adds the loss would
+    time that build too.
+
+    Raises:
+      ValueError: ``steps`` is below 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (got {steps}): the timed runs")
+    for _ in range(warmup):
+        sess.run(fetch)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        last = sess.run(fetch)
+    return TimedSteps(time.perf_counter() - start, time.process_time() - cpu_start, steps, last)
