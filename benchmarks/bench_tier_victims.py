@@ -49,11 +49,15 @@ def numpy_victims(pins, row_in, last_used, resident, n):
     return candidates[pick].astype(np.int32)
 
 
+_MARKS: dict[int, np.ndarray] = {}   # per tier size: the scratch a TierCache keeps
+
+
 def kernel_victims(pins, row_in, last_used, resident, n):
     """``tier_kernels.select_victims`` as ``TierCache._victims`` calls it (LRU)."""
     out = np.empty(n, np.int32)
+    marks = _MARKS.setdefault(row_in.shape[0], np.zeros(row_in.shape[0], np.bool_))
     eligible = tier_kernels.select_victims(pins, row_in, last_used, np.zeros(0, np.int64),
-                                           False, resident, n, out)
+                                           False, resident, n, out, marks)
     return out[:min(n, eligible)]
 
 

@@ -42,12 +42,14 @@ def test_victims_match_the_reference(lfu, score_range, seed):
     for n in sorted({0, 1, 2, 7, slots // 3, slots, slots + 10}):
         want, want_eligible = reference(pins, row_in, last_used, uses, lfu, resident, n)
         out = np.full(n + 8, -7, np.int32)
+        marks = np.zeros(slots, np.bool_)
         eligible = tier_kernels.select_victims(pins, row_in, last_used,
                                                uses if lfu else np.zeros(0, np.int64), lfu,
-                                               resident, n, out)
+                                               resident, n, out, marks)
         assert eligible == want_eligible
         np.testing.assert_array_equal(out[:min(n, eligible)], want)
         assert (out[min(n, eligible):] == -7).all()   # nothing written past the victims
+        assert not marks.any()                         # the scratch is left clear
     np.testing.assert_array_equal(pins, pins_before)
 
 
@@ -57,7 +59,8 @@ def test_resident_slots_listed_twice_are_left_out_once():
     last_used = np.array([5, 4, 3, 2, 1, 0], np.int64)
     out = np.empty(6, np.int32)
     eligible = tier_kernels.select_victims(pins, row_in, last_used, np.zeros(0, np.int64),
-                                           False, np.array([5, 5, 2], np.int32), 6, out)
+                                           False, np.array([5, 5, 2], np.int32), 6, out,
+                                           np.zeros(6, np.bool_))
     assert eligible == 4
     np.testing.assert_array_equal(out[:4], [4, 3, 1, 0])
 
@@ -77,7 +80,7 @@ def test_scores_of_any_sign_and_size_match_the_reference(lfu, scores):
         want, want_eligible = reference(pins, row_in, scores, scores, lfu, resident, n)
         out = np.full(n + 8, -7, np.int32)
         eligible = tier_kernels.select_victims(pins, row_in, scores, scores, lfu, resident,
-                                               n, out)
+                                               n, out, np.zeros(4, np.bool_))
         assert eligible == want_eligible
         np.testing.assert_array_equal(out[:min(n, eligible)], want)
 

@@ -10,11 +10,14 @@ sparse, so disk blocks are used only as rows are written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Sequence
 
 import numpy as np
+
+from sparseflow.embed import row_copies
 
 _FILE_SUFFIX = ".sparseflow-rows"
 
@@ -60,6 +63,8 @@ class DiskRows:
                 self.path = os.path.join(directory, f"{name}-{os.getpid()}{_FILE_SUFFIX}")
                 self.rows = np.memmap(self.path, np.float32, "w+",
                                       shape=(self.capacity, self.width))
+                # The same mapping as a plain array: what the kernels take.
+                self.storage = np.asarray(self.rows)
                 break
             except OSError as e:
                 reasons.append(f"{directory}: {e.strerror or e}")
@@ -68,12 +73,26 @@ class DiskRows:
                           f"tier ({need:,} bytes): " + "; ".join(reasons))
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Stores ``values`` (float32 ``[n, width]``) at ``rows``."""
-        self.rows[np.asarray(rows, np.int64)] = np.asarray(values, np.float32)
+        """Stores ``values`` (float32 ``[n, width]``) at ``rows``.
+
+        Raises:
+          IndexError: a row outside the store (nothing written).
+        """
+        row_copies.write(self.name, self.storage, rows, values)
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        """The values at ``rows``, float32 ``[n, width]`` (a copy)."""
-        return np.array(self.rows[np.asarray(rows, np.int64)], np.float32)
+        """The values at ``rows``, float32 ``[n, width]`` (a copy).
+
+        Raises:
+          IndexError: a row outside the store.
+        """
+        return row_copies.read(self.name, self.storage, rows)
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """Yields the store as a plain float32 ``[capacity, width]`` array over the file's
+        mapping (as :meth:`HostRows.pinned` yields host rows' storage)."""
+        yield self.storage
 
     def flush(self) -> None:
         """Writes dirty pages to the file."""
@@ -83,7 +102,7 @@ class DiskRows:
         """Unmaps the file and (by default) deletes it: a disk tier is scratch space, the
         checkpoint is what persists."""
         path = self.path
-        self.rows = None
+        self.rows = self.storage = None
         if delete and os.path.exists(path):
             os.remove(path)
 

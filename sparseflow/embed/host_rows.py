@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from sparseflow import tensor_buffers
-from sparseflow.embed import page_commit
+from sparseflow.embed import page_commit, row_copies
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import init_kernels
 from sparseflow.ops.batch_kernels import gather_rows
@@ -317,14 +317,22 @@ class HostRows:
         return out
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        """``[weights | slots]`` of ``rows`` (int32, >= 0), float32 ``[n, width]`` (a copy)."""
+        """``[weights | slots]`` of ``rows`` (int32, >= 0), float32 ``[n, width]`` (a copy).
+
+        Raises:
+          IndexError: a row outside the storage.
+        """
         with self.pinned() as storage:
-            return storage[np.asarray(rows, np.int64)]
+            return row_copies.read(self.name, storage, rows)
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Stores ``values`` (float32 ``[n, width]``) at ``rows`` (int32, >= 0)."""
+        """Stores ``values`` (float32 ``[n, width]``) at ``rows`` (int32, >= 0).
+
+        Raises:
+          IndexError: a row outside the storage (nothing written).
+        """
         with self.pinned() as storage:
-            storage[np.asarray(rows, np.int64)] = values
+            row_copies.write(self.name, storage, rows, values)
 
     def slots(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Each optimizer slot of ``rows``, by slot name, as ``[len(rows), dim]`` copies."""

@@ -31,6 +31,7 @@ import threading
 import numpy as np
 
 from sparseflow.embed.initializers import InitSpec, init_rows
+from sparseflow.ops import tier_kernels
 from sparseflow.pipeline.tier_cache import TierCache
 
 
@@ -128,11 +129,19 @@ class RowTiers:
     def write_back_and_read(self, out_rows, out_gens, out_values, in_rows) -> np.ndarray:
         """Writes the rows leaving the fast tier home (except rows handed to a new key since
         their plan was made), then reads the homes of the rows entering it."""
-        with self.cache.lock:
-            keep = self.cache.gen[out_rows] == out_gens
-            if keep.any():
-                self.homes.write(out_rows[keep], np.asarray(out_values, np.float32)[keep])
-            return self.homes.read(in_rows)
+        out_rows = np.ascontiguousarray(out_rows, np.int32)
+        out_gens = np.ascontiguousarray(out_gens, np.int64)
+        out_values = np.ascontiguousarray(out_values, np.float32)
+        in_rows = np.ascontiguousarray(in_rows, np.int32)
+        in_values = np.empty((in_rows.shape[0], self.width), np.float32)
+        with self.cache.lock, self.homes.pinned() as storage:
+            if storage.shape[1] != self.width:   # the kernel copies whole rows
+                raise RuntimeError(f"Table `{self.name}`: its homes hold rows of "
+                                   f"{storage.shape[1]} floats, its fast tier {self.width}.")
+            tier_kernels.write_back_and_read(storage, self.cache.gen, out_rows, out_gens,
+                                             out_values.reshape(-1, self.width), in_rows,
+                                             in_values)
+        return in_values
 
     def swap(self, read_slots: Callable, write_slots: Callable) -> None:
         """Executes every queued plan with the fast tier's ``read_slots(slots) -> values``

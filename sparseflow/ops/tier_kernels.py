@@ -1,10 +1,14 @@
-"""The fast tier's choice of victims (``pipeline/tier_cache.py``), in one kernel call.
+"""The fast tier's kernels (``pipeline/tier_cache.py``, ``embed/row_tiers.py``): the choice
+of victims, a batch's placement, and the swaps' row copies at the homes, each one call per
+batch and table, without the GIL.
 
-The choice was numpy: a mask of eligible slots, their indices, their scores, a partition and
-a sort, five passes and three temporaries of the tier's size per batch and table; a tier of
-a million slots spent ~15 ms a batch there, ten million ~185 ms (BENCHMARKS.md, "choosing
-the fast tier's victims"). The kernel counts the scores when their range is narrow (a
-histogram and a stable placement) and otherwise keeps the ``n`` best in a heap.
+The victim choice was numpy: a mask of eligible slots, their indices, their scores, a
+partition and a sort, five passes and three temporaries of the tier's size per batch and
+table; a tier of a million slots spent ~15 ms a batch there, ten million ~185 ms
+(BENCHMARKS.md, "choosing the fast tier's victims"). The kernel counts the scores when their
+range is narrow (a histogram and a stable placement) and otherwise keeps the ``n`` best in a
+heap. The placement and the row copies were a few dozen numpy calls per batch and table,
+each holding the GIL the training step's own calls wait for.
 """
 
 from __future__ import annotations
@@ -54,19 +58,6 @@ def _sift_up(scores, slots, i):
         i = parent
 
 
-@numba.njit(**_JIT)
-def _holds(sorted_slots, s):
-    """Whether ``s`` is in the sorted array ``sorted_slots`` (binary search)."""
-    lo, hi = 0, sorted_slots.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sorted_slots[mid] < s:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo < sorted_slots.shape[0] and sorted_slots[lo] == s
-
-
 # A score range up to this many buckets per candidate (plus a floor) is counted, not heaped.
 _BUCKETS_PER_CANDIDATE = 4
 _MIN_BUCKETS = 1024
@@ -76,15 +67,16 @@ _CANDIDATES_PER_VICTIM = 64
 
 
 @numba.njit(**_JIT)
-def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out):
+def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out, marks):
     """The ``n`` slots a batch may empty first, and how many it may empty at all.
 
     A slot may be emptied when it holds a row (``row_in >= 0``), no batch pins it
     (``pins == 0``) and it is not one of ``resident`` (the batch's own resident slots).
-    Scores spanning a range not much wider than the candidates (LRU clocks: a batch's slots
-    share one; LFU counts) are counted when there are at most 64 candidates per victim: a
-    histogram, then a stable placement, O(slots + range). Otherwise a heap keeps the ``n``
-    best seen in one pass, O(n) memory.
+    One pass over the slots finds them, their scores' range, and keeps the first of them
+    (in slot order) in a buffer of at most 64 per victim. Scores spanning a range not much
+    wider than the candidates (LRU clocks: a batch's slots share one; LFU counts) are counted
+    when there are at most 64 candidates per victim: a histogram of the buffer, then a stable
+    placement. Otherwise a heap keeps the ``n`` best seen in a second pass, O(n) memory.
 
     Args:
       pins: int32 per slot, batches holding it.
@@ -96,56 +88,62 @@ def select_victims(pins, row_in, last_used, uses, lfu, resident, n, out):
       n: victims wanted, >= 0.
       out: int32 ``[>= n]``; receives ``min(n, eligible)`` victims, lowest score first,
         ties by slot.
+      marks: bool per slot, all False: scratch the caller keeps, so that telling the batch's
+        own slots apart costs one write per slot of ``resident`` instead of a sort and a
+        search per candidate. All False again on return.
 
     Returns:
       The number of slots that may be emptied (``eligible``).
     """
     n_slots = row_in.shape[0]
-    keep = np.unique(resident)   # sorted, each slot once
+    for i in range(resident.shape[0]):
+        s = resident[i]
+        if 0 <= s < n_slots:
+            marks[s] = True
+    cap = min(n_slots, _CANDIDATES_PER_VICTIM * n)
+    candidates = np.empty(cap, np.int32)
+    scores = np.empty(cap, np.int64)
     eligible = 0
     low = 0
     high = 0
     for s in range(n_slots):
         r = row_in[s]
-        if r < 0 or pins[s] != 0:
+        if r < 0 or pins[s] != 0 or marks[s]:
             continue
         score = uses[r] if lfu else last_used[s]
+        if eligible < cap:
+            candidates[eligible] = s
+            scores[eligible] = score
         if eligible == 0 or score < low:
             low = score
         if eligible == 0 or score > high:
             high = score
         eligible += 1
-    for i in range(keep.shape[0]):
-        s = keep[i]
-        if 0 <= s < n_slots and row_in[s] >= 0 and pins[s] == 0:
-            eligible -= 1
     wanted = min(n, eligible)
-    if wanted == 0:
-        return eligible
     # Scores below 0 (never the cache's clocks or counts) take the heap: ``high - low`` of
-    # scores of both signs could wrap around int64.
-    if (low >= 0 and high - low < _BUCKETS_PER_CANDIDATE * eligible + _MIN_BUCKETS
+    # scores of both signs could wrap around int64. Counting needs every candidate in the
+    # buffer: at most 64 per victim, so at most its size.
+    if wanted == 0:
+        pass
+    elif (low >= 0 and high - low < _BUCKETS_PER_CANDIDATE * eligible + _MIN_BUCKETS
             and eligible <= _CANDIDATES_PER_VICTIM * wanted):
-        _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted, out)
+        _counted_victims(candidates[:eligible], scores[:eligible], low, high, wanted, out)
     else:
-        _heap_victims(pins, row_in, last_used, uses, lfu, keep, wanted, out)
+        _heap_victims(pins, row_in, last_used, uses, lfu, marks, wanted, out)
+    for i in range(resident.shape[0]):
+        s = resident[i]
+        if 0 <= s < n_slots:
+            marks[s] = False
     return eligible
 
 
 @numba.njit(**_JIT)
-def _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted, out):
-    """:func:`select_victims` by a histogram of the scores and a stable placement."""
-    n_slots = row_in.shape[0]
+def _counted_victims(candidates, scores, low, high, wanted, out):
+    """:func:`select_victims` by a histogram of the candidates' scores and a stable
+    placement (``candidates`` in slot order)."""
     counts = np.zeros(high - low + 1, np.int32)   # slots are int32: so is any count
-    for s in range(n_slots):
-        r = row_in[s]
-        if r < 0 or pins[s] != 0:
-            continue
-        counts[(uses[r] if lfu else last_used[s]) - low] += 1
-    for i in range(keep.shape[0]):
-        s = keep[i]
-        if 0 <= s < n_slots and row_in[s] >= 0 and pins[s] == 0:
-            counts[(uses[row_in[s]] if lfu else last_used[s]) - low] -= 1
+    for i in range(candidates.shape[0]):
+        counts[scores[i] - low] += 1
     # Every score below the threshold bucket goes; of the threshold's, the lowest slots.
     # The counts up to it become each bucket's next place in ``out``.
     taken = 0
@@ -159,41 +157,33 @@ def _counted_victims(pins, row_in, last_used, uses, lfu, keep, low, high, wanted
         threshold += 1
     quota = wanted - taken
     starts = counts
-    for s in range(n_slots):
-        r = row_in[s]
-        if r < 0 or pins[s] != 0:
-            continue
-        b = (uses[r] if lfu else last_used[s]) - low
+    for i in range(candidates.shape[0]):
+        b = scores[i] - low
         if b > threshold or (b == threshold and quota == 0):
             continue
-        if _holds(keep, s):
-            continue
-        out[starts[b]] = s
+        out[starts[b]] = candidates[i]
         starts[b] += 1
         if b == threshold:
             quota -= 1
 
 
 @numba.njit(**_JIT)
-def _heap_victims(pins, row_in, last_used, uses, lfu, keep, wanted, out):
+def _heap_victims(pins, row_in, last_used, uses, lfu, marks, wanted, out):
     """:func:`select_victims` by a max-heap of the ``wanted`` best candidates seen."""
     heap_scores = np.empty(wanted, np.int64)
     heap_slots = np.empty(wanted, np.int64)
     size = 0
     for s in range(row_in.shape[0]):
         r = row_in[s]
-        if r < 0 or pins[s] != 0:
+        if r < 0 or pins[s] != 0 or marks[s]:
             continue
         score = uses[r] if lfu else last_used[s]
-        # The batch's own slots are few: looked up only for a slot that would enter.
         if size < wanted:
-            if _holds(keep, s):
-                continue
             heap_scores[size] = score
             heap_slots[size] = s
             _sift_up(heap_scores, heap_slots, size)
             size += 1
-        elif _before(score, s, heap_scores[0], heap_slots[0]) and not _holds(keep, s):
+        elif _before(score, s, heap_scores[0], heap_slots[0]):
             heap_scores[0] = score
             heap_slots[0] = s
             _sift_down(heap_scores, heap_slots, size, 0)
@@ -204,3 +194,131 @@ def _heap_victims(pins, row_in, last_used, uses, lfu, keep, wanted, out):
         _sift_down(heap_scores, heap_slots, end, 0)
     for i in range(size):
         out[i] = heap_slots[i]
+
+
+@numba.njit(**_JIT)
+def find_slots(rows, slot_of, slots, missing, resident):
+    """A batch's rows against the fast tier: ``slots[i] = slot_of[rows[i]]`` (-1 where
+    ``rows[i]`` is -1); the positions of the rows without a slot go to ``missing``, the
+    slots of those with one to ``resident``, each in batch order.
+
+    Args:
+      rows: int32 ``[U]`` logical rows, -1 for keys without a row.
+      slot_of: int32 per logical row, its slot (-1: at home).
+      slots, missing, resident: int32 ``[>= U]`` outputs.
+
+    Returns:
+      ``(missing rows, resident rows)``: how much of ``missing`` and ``resident`` is filled.
+    """
+    n_missing = 0
+    n_resident = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            slots[i] = -1
+            continue
+        s = slot_of[r]
+        slots[i] = s
+        if s < 0:
+            missing[n_missing] = i
+            n_missing += 1
+        else:
+            resident[n_resident] = s
+            n_resident += 1
+    return n_missing, n_resident
+
+
+@numba.njit(**_JIT)
+def commit_slots(rows, slots, missing, victims, new_slots, slot_of, row_in, last_used, clock,
+                 uses, lfu, gen, out_rows, out_gens, in_rows):
+    """Records a batch's placement: the rows in ``victims`` leave (at home from now on; their
+    rows and generations go to ``out_rows`` and ``out_gens``), the missing rows
+    (``rows[missing]``, copied to ``in_rows``) enter ``new_slots`` (free slots, then the
+    victims), and every row of the batch is stamped with ``clock`` (LRU) or counted (LFU).
+
+    Args:
+      rows, slots: the batch's int32 rows and slots (:func:`find_slots`); the missing
+        rows' slots are filled in.
+      missing: int32 positions in ``rows`` of the rows entering.
+      victims: int32 slots emptied for them.
+      new_slots: int32 ``[len(missing)]`` slots they enter.
+      slot_of, row_in, last_used, uses, gen: the cache's state (``uses`` may be empty under
+        LRU); ``lfu`` counts uses.
+      clock: the LRU stamp.
+      out_rows, out_gens: ``[len(victims)]`` outputs; ``in_rows``: ``[len(missing)]``.
+    """
+    for i in range(victims.shape[0]):
+        r = row_in[victims[i]]
+        out_rows[i] = r
+        out_gens[i] = gen[r]
+        slot_of[r] = -1
+    for j in range(missing.shape[0]):
+        r = rows[missing[j]]
+        s = new_slots[j]
+        in_rows[j] = r
+        slot_of[r] = s
+        row_in[s] = r
+        slots[missing[j]] = s
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            continue
+        last_used[slots[i]] = clock
+        if lfu:
+            uses[r] += 1
+
+
+@numba.njit(**_JIT)
+def _first_outside(rows, n_rows):
+    """The first position of ``rows`` outside ``[0, n_rows)``, or -1."""
+    for i in range(rows.shape[0]):
+        if rows[i] < 0 or rows[i] >= n_rows:
+            return i
+    return -1
+
+
+@numba.njit(**_JIT)
+def read_rows(storage, rows, out):
+    """``out[i] = storage[rows[i]]``, every column. Returns -1, or (nothing read) the first
+    position of ``rows`` outside the storage."""
+    bad = _first_outside(rows, storage.shape[0])
+    if bad >= 0:
+        return bad
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(storage.shape[1]):
+            out[i, j] = storage[r, j]
+    return -1
+
+
+@numba.njit(**_JIT)
+def write_rows(storage, rows, values):
+    """``storage[rows[i]] = values[i]``, every column (a row given twice keeps its last
+    values). Returns -1, or (nothing written) the first position of ``rows`` outside the
+    storage."""
+    bad = _first_outside(rows, storage.shape[0])
+    if bad >= 0:
+        return bad
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(storage.shape[1]):
+            storage[r, j] = values[i, j]
+    return -1
+
+
+@numba.njit(**_JIT)
+def write_back_and_read(storage, gen, out_rows, out_gens, out_values, in_rows, in_values):
+    """A swap at the homes: each row leaving the fast tier is written home, unless it was
+    handed to a new key since its plan was made (``gen[row] != out_gens[i]``: its home holds
+    the new key's initial values); then the homes of the rows entering are read into
+    ``in_values``. The rows are the cache's (inside the storage)."""
+    for i in range(out_rows.shape[0]):
+        r = out_rows[i]
+        if gen[r] != out_gens[i]:
+            continue
+        for j in range(storage.shape[1]):
+            storage[r, j] = out_values[i, j]
+    for i in range(in_rows.shape[0]):
+        r = in_rows[i]
+        for j in range(storage.shape[1]):
+            in_values[i, j] = storage[r, j]

@@ -108,6 +108,7 @@ class TierCache:
         # and taken back can be emptied again before its plan runs: its row never arrived,
         # so the queued move in is cancelled instead of writing the slot back.
         self._entering = np.zeros(self.slots, np.bool_)
+        self._marks = np.zeros(self.slots, np.bool_)         # select_victims' scratch
         self.lock = threading.Lock()
         self.swapped_in = 0
         self.swapped_out = 0
@@ -184,16 +185,16 @@ class TierCache:
         pins them. Without room: None, or with ``take_back`` the slots placed early for
         other batches are taken back (furthest ahead first) and, if that is not enough,
         CacheFullError. The caller holds :attr:`lock`."""
-        valid = rows >= 0
-        slots = np.full(rows.shape[0], -1, np.int32)
-        slots[valid] = self.slot_of[rows[valid]]
-        missing = np.flatnonzero(valid & (slots < 0))
-        resident = slots[valid & (slots >= 0)]
-        n = missing.shape[0]
+        u = rows.shape[0]
+        slots = np.empty(u, np.int32)
+        missing = np.empty(u, np.int32)
+        resident = np.empty(u, np.int32)
+        n, n_resident = tier_kernels.find_slots(rows, self.slot_of, slots, missing, resident)
+        missing, resident = missing[:n], resident[:n_resident]
         # Scanning for free slots costs O(slots): only while some are free (until the tier
         # first fills, and after forget / reset).
-        take_free = (np.flatnonzero(self.row_in < 0)[:n] if n and self._n_free
-                     else np.zeros(0, np.int64))
+        take_free = (np.flatnonzero(self.row_in < 0)[:n].astype(np.int32) if n and self._n_free
+                     else np.zeros(0, np.int32))
         n_victims = n - take_free.shape[0]
         victims = np.zeros(0, np.int32)
         if n_victims:
@@ -214,30 +215,29 @@ class TierCache:
                     f"fetching a training lookup without the train op keeps its batch "
                     f"pinned until the next update; {len(self._released)} gathered batches "
                     f"await theirs.)")
-        out_rows = self.row_in[victims].copy()
-        self.slot_of[out_rows] = -1
+        new_slots = np.concatenate([take_free, victims])
+        out_rows = np.empty(victims.shape[0], np.int32)
+        out_gens = np.empty(victims.shape[0], np.int64)
+        in_rows = np.empty(n, np.int32)
+        lfu = self.uses is not None
+        tier_kernels.commit_slots(rows, slots, missing, victims, new_slots, self.slot_of,
+                                  self.row_in, self.last_used, self._clock,
+                                  self.uses if lfu else _NO_USES, lfu, self.gen, out_rows,
+                                  out_gens, in_rows)
+        self._clock += 1
+        self._n_free -= take_free.shape[0]
         leaving = victims
         arriving = self._entering[victims]
         if arriving.any():   # rows that never arrived: no write-back, and no move in
             self._cancel_moves_in(victims[arriving])
-            leaving, out_rows = victims[~arriving], out_rows[~arriving]
-        new_slots = np.concatenate([take_free.astype(np.int32), victims])
-        self._n_free -= take_free.shape[0]
-        in_rows = rows[missing]
-        self.slot_of[in_rows] = new_slots
-        self.row_in[new_slots] = in_rows
-        slots[missing] = new_slots
-        self.last_used[slots[valid]] = self._clock
-        self._clock += 1
-        if self.uses is not None:
-            self.uses[rows[valid]] += 1
-        self.hits += int(resident.shape[0])
-        self.swapped_in += int(n)
-        self.swapped_out += int(leaving.shape[0])
+            stay = ~arriving
+            leaving, out_rows, out_gens = victims[stay], out_rows[stay], out_gens[stay]
+        self.hits += n_resident
+        self.swapped_in += n
+        self.swapped_out += leaving.shape[0]
         if n:
             self._plans.append(SwapPlan(out_slots=leaving, out_rows=out_rows,
-                                        out_gens=self.gen[out_rows].copy(),
-                                        in_slots=new_slots, in_rows=in_rows))
+                                        out_gens=out_gens, in_slots=new_slots, in_rows=in_rows))
             self._entering[new_slots] = True
         return slots
 
@@ -288,7 +288,7 @@ class TierCache:
         lfu = self.uses is not None
         eligible = tier_kernels.select_victims(
             self.pins, self.row_in, self.last_used, self.uses if lfu else _NO_USES, lfu,
-            resident.astype(np.int32, copy=False), n, out)
+            resident.astype(np.int32, copy=False), n, out, self._marks)
         return out[:min(n, eligible)], int(eligible)
 
     def release(self, seq: int) -> None:
