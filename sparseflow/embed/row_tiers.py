@@ -90,12 +90,11 @@ class RowTiers:
         if n == 0:
             return
         homes = self.homes
-        values = np.empty((n, self.width), np.float32)
-        init_rows(values, np.arange(n, dtype=np.int32), np.ascontiguousarray(keys, np.int64),
-                  self.init_spec, self.dim, self.slot_values)
-        with self.cache.lock:
+        with self.cache.lock, homes.pinned() as storage:
             self.cache.forget(rows)
-            homes.write(rows, values)
+            # Drawn straight into the homes: the rows are the key processor's, in range.
+            init_rows(storage, rows, np.ascontiguousarray(keys, np.int64), self.init_spec,
+                      self.dim, self.slot_values)
 
     def prefetch(self, rows: np.ndarray, seq: int, training: bool = True) -> None:
         """The pipeline's early placement of a batch read ahead, if room allows; see

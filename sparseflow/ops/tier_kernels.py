@@ -322,3 +322,24 @@ def write_back_and_read(storage, gen, out_rows, out_gens, out_values, in_rows, i
         r = in_rows[i]
         for j in range(storage.shape[1]):
             in_values[i, j] = storage[r, j]
+
+
+@numba.njit(**_JIT)
+def forget_rows(rows, slot_of, row_in, gen, uses, lfu, freed):
+    """Drops ``rows`` (handed to new keys) from the fast tier: their slots are freed (listed
+    in ``freed``, int32 ``[>= len(rows)]``), their generations bumped (a queued write-back
+    of their old contents is then dropped) and, under LFU, their use counts reset. Returns
+    how many slots were freed."""
+    n_freed = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = slot_of[r]
+        if s >= 0:
+            freed[n_freed] = s
+            n_freed += 1
+            row_in[s] = -1
+            slot_of[r] = -1
+        gen[r] += 1
+        if lfu:
+            uses[r] = 0
+    return n_freed

@@ -335,16 +335,13 @@ class TierCache:
         Returns:
           the int32 slots freed.
         """
-        rows = np.asarray(rows, np.int32)
-        slots = self.slot_of[rows]
-        slots = slots[slots >= 0]
-        self.slot_of[rows] = -1
-        self.row_in[slots] = -1
-        self._n_free += slots.shape[0]
-        self.gen[rows] += 1
-        if self.uses is not None:
-            self.uses[rows] = 0
-        return slots
+        rows = np.ascontiguousarray(rows, np.int32)
+        freed = np.empty(rows.shape[0], np.int32)
+        lfu = self.uses is not None
+        n = tier_kernels.forget_rows(rows, self.slot_of, self.row_in, self.gen,
+                                     self.uses if lfu else _NO_USES, lfu, freed)
+        self._n_free += n
+        return freed[:n]
 
     def reset(self) -> None:
         """Empties the cache (a restore rewrote every home): every slot free, no plan, no
