@@ -416,8 +416,7 @@ class SparseTable:
                                    lambda s, v: device_rows.write(session, s, v), weights_only)
         if self.tiers is not None:
             storage = self.rows.allocate()
-            return self.tiers.read(rows, storage.__getitem__, storage.__setitem__,
-                                   weights_only)
+            return self.tiers.read(rows, *self.tiers.host_slots(storage), weights_only)
         if weights_only:   # the weights alone (numba), not every slot copied then sliced
             return self.rows.gather(rows)
         return self.rows.read(rows)

@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from sparseflow.embed import row_copies
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.ops import tier_kernels
 from sparseflow.pipeline.tier_cache import TierCache
@@ -157,7 +158,13 @@ class RowTiers:
 
     def swap_host(self, storage: np.ndarray) -> None:
         """:meth:`swap` for host slots: ``storage`` is their ``[slots, width]`` array."""
-        self.swap(storage.__getitem__, storage.__setitem__)
+        self.swap(*self.host_slots(storage))
+
+    def host_slots(self, storage: np.ndarray) -> tuple[Callable, Callable]:
+        """``(read_slots, write_slots)`` over host slots' ``[slots, width]`` ``storage``
+        (row-copy kernels, as the homes use)."""
+        return (lambda slots: row_copies.read(self.name, storage, slots),
+                lambda slots, values: row_copies.write(self.name, storage, slots, values))
 
     def release(self, seq: int) -> None:
         """The batch ``seq`` was gathered (see :meth:`TierCache.release`)."""
