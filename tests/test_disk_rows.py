@@ -38,3 +38,16 @@ def test_bad_arguments_name_them(tmp_path):
     with pytest.raises(ValueError, match="`ssd_data_path`"):
         DiskRows("t", 2, 2, [])
 
+
+
+def test_pinned_is_the_file_and_a_closed_store_says_so(tmp_path):
+    store = DiskRows("t", 6, 3, [str(tmp_path)])
+    store.write(np.array([4], np.int32), np.full((1, 3), 2.5, np.float32))
+    with store.pinned() as storage:
+        assert storage.shape == (6, 3) and storage.flags.c_contiguous
+        assert storage[4].tolist() == [2.5, 2.5, 2.5]
+    store.close()
+    for use in (lambda: store.read([0]), lambda: store.write([0], np.zeros((1, 3))),
+                store.flush):
+        with pytest.raises(RuntimeError, match="Table `t`: its disk tier .* was closed"):
+            use()

@@ -33,7 +33,7 @@ def test_a_row_outside_the_store_is_an_error_and_nothing_is_written(bad):
         row_copies.read("t", storage, [bad])
 
 
-def test_values_of_the_wrong_shape_are_an_error():
+def test_values_of_the_wrong_shape_are_an_error_and_nothing_is_written():
     storage = np.zeros((5, 4), np.float32)
     with pytest.raises(ValueError):
         row_copies.write("t", storage, [1, 2], np.ones((2, 3), np.float32))
@@ -56,3 +56,43 @@ def test_write_back_skips_rows_handed_to_new_keys_then_reads_the_entering_rows()
                                      in_values)
     np.testing.assert_array_equal(storage, want)
     np.testing.assert_array_equal(in_values, want[in_rows])   # written back, then read
+
+
+def test_large_rows_are_not_truncated_and_rows_must_be_1d_integers():
+    storage = np.zeros((8, 2), np.float32)
+    with pytest.raises(IndexError, match=f"row {2**32 + 3} is outside"):
+        row_copies.read("t", storage, np.array([2**32 + 3], np.int64))
+    with pytest.raises(TypeError, match="1-D integer array"):
+        row_copies.read("t", storage, np.zeros((2, 1), np.int32))
+    with pytest.raises(TypeError, match="1-D integer array"):
+        row_copies.write("t", storage, np.array([1.0]), np.ones((1, 2), np.float32))
+
+
+def test_errors_name_the_table_the_shapes_and_what_a_row_is():
+    storage = np.zeros((5, 4), np.float32)
+    with pytest.raises(ValueError, match=r"Table `t`: values of shape \(2, 3\) do not fit 2 "
+                                         r"slots of 4 floats"):
+        row_copies.write("t", storage, [1, 2], np.ones((2, 3), np.float32), "slot")
+    with pytest.raises(IndexError, match="slot 5 is outside its 5 slots"):
+        row_copies.read("t", storage, [5], "slot")
+
+
+def test_a_swap_with_values_of_the_wrong_shape_is_an_error_and_writes_nothing():
+    from sparseflow.embed.host_rows import HostRows
+    from sparseflow.embed.initializers import InitSpec
+    from sparseflow.embed.row_tiers import RowTiers
+
+    spec = InitSpec("constant", 0.0, 0.0, 0)
+    homes = HostRows("t", 10, 4, spec)
+    homes.allocate()
+    tiers = RowTiers("t", 3, 10, 4, spec, "lru", "3 slots", lambda: (homes, ()))
+    rows = np.array([1, 2], np.int32)
+    gens = tiers.cache.gen[rows].copy()
+    with pytest.raises(ValueError, match=r"Table `t`: 2 rows leaving the fast tier need 2 "
+                                         r"generations and values of shape \(2, 4\)"):
+        tiers.write_back_and_read(rows, gens, np.ones((4, 2), np.float32),
+                                  np.zeros(0, np.int32))
+    assert not homes.read(np.arange(10)).any()
+    got = tiers.write_back_and_read(rows, gens, np.ones((2, 4), np.float32),
+                                    np.array([2, 3], np.int32))
+    np.testing.assert_array_equal(got, [[1, 1, 1, 1], [0, 0, 0, 0]])

@@ -245,3 +245,21 @@ def test_a_training_batch_whose_update_never_runs_is_named_when_the_cache_fills(
         cache.place(np.array([3], np.int32), seq=1)
     cache.settle()                                       # the next update
     assert cache.place(np.array([3], np.int32), seq=1).tolist() == [0]
+
+
+@pytest.mark.parametrize("call", ["place", "prefetch", "forget"])
+def test_a_row_past_the_table_is_an_error_and_nothing_moves(call):
+    cache = TierCache("t", 4, 10)
+    cache.place(np.array([1, 2], np.int32), seq=0)
+    before = (cache.slot_of.copy(), cache.row_in.copy(), cache.gen.copy(), cache._n_free)
+    rows = np.array([3, 10], np.int32)
+    with pytest.raises(IndexError, match=r"Table `t`: row 10 is outside its 10 logical rows"):
+        if call == "forget":
+            with cache.lock:
+                cache.forget(rows)
+        else:
+            getattr(cache, call)(rows, 1)
+    np.testing.assert_array_equal(cache.slot_of, before[0])
+    np.testing.assert_array_equal(cache.row_in, before[1])
+    np.testing.assert_array_equal(cache.gen, before[2])
+    assert cache._n_free == before[3]

@@ -77,25 +77,41 @@ class DiskRows:
 
         Raises:
           IndexError: a row outside the store (nothing written).
+          RuntimeError: the store was closed.
         """
-        row_copies.write(self.name, self.storage, rows, values)
+        row_copies.write(self.name, self._open(), rows, values)
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         """The values at ``rows``, float32 ``[n, width]`` (a copy).
 
         Raises:
           IndexError: a row outside the store.
+          RuntimeError: the store was closed.
         """
-        return row_copies.read(self.name, self.storage, rows)
+        return row_copies.read(self.name, self._open(), rows)
 
     @contextlib.contextmanager
     def pinned(self):
         """Yields the store as a plain float32 ``[capacity, width]`` array over the file's
-        mapping (as :meth:`HostRows.pinned` yields host rows' storage)."""
-        yield self.storage
+        mapping (as :meth:`HostRows.pinned` yields host rows' storage).
+
+        Raises:
+          RuntimeError: the store was closed.
+        """
+        yield self._open()
+
+    def _open(self) -> np.ndarray:
+        if self.storage is None:
+            raise RuntimeError(f"Table `{self.name}`: its disk tier ({self.path}) was closed.")
+        return self.storage
 
     def flush(self) -> None:
-        """Writes dirty pages to the file."""
+        """Writes dirty pages to the file.
+
+        Raises:
+          RuntimeError: the store was closed.
+        """
+        self._open()
         self.rows.flush()
 
     def close(self, delete: bool = True) -> None:

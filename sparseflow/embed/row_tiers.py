@@ -16,7 +16,7 @@ optimizer update run on the fast tier.
 New rows get their initial values at home; the swap in carries them to the fast tier.
 
 The fast tier's data is moved by its owner — the training step, before its gather, for both
-configurations (:meth:`RowTiers.swap` with numpy callbacks for host slots; for device slots
+configurations (:meth:`RowTiers.swap` with row-copy callbacks for host slots; for device slots
 the step splits it into :meth:`take` / TF gather / :meth:`write_back_and_read` / TF scatter).
 Checkpoints, exports and restores go through :meth:`read` and :meth:`load`, which see a row
 where it currently is.
@@ -49,8 +49,10 @@ class RowTiers:
       size_hint: names the fast tier's size in a full-cache error.
       make_homes: ``() -> (homes, slot_values)``, called once, when the homes are first
         needed (``start_asc_pipeline``, or the first new row): the optimizer's slot layout is
-        fixed by then. ``homes`` has ``read(rows) -> float32 [n, width]`` and
-        ``write(rows, values)``; ``slot_values`` are the optimizer's slot initial values.
+        fixed by then. ``homes`` has ``read(rows) -> float32 [n, width]``,
+        ``write(rows, values)`` and ``pinned()``, a context yielding its rows as a
+        C-contiguous, writeable float32 ``[rows, width]`` array (the swap's and the new rows'
+        kernels write there); ``slot_values`` are the optimizer's slot initial values.
     """
 
     def __init__(self, name: str, slots: int, rows: int, dim: int, init_spec: InitSpec,
@@ -91,9 +93,11 @@ class RowTiers:
         if n == 0:
             return
         homes = self.homes
+        # Under the cache's lock, the draw included (~30 us for a batch's new rows): a step's
+        # claim or swap waits that long, and nothing can read a row's home between the
+        # cache forgetting its old contents and its new values landing.
         with self.cache.lock, homes.pinned() as storage:
             self.cache.forget(rows)
-            # Drawn straight into the homes: the rows are the key processor's, in range.
             init_rows(storage, rows, np.ascontiguousarray(keys, np.int64), self.init_spec,
                       self.dim, self.slot_values)
 
@@ -128,18 +132,33 @@ class RowTiers:
 
     def write_back_and_read(self, out_rows, out_gens, out_values, in_rows) -> np.ndarray:
         """Writes the rows leaving the fast tier home (except rows handed to a new key since
-        their plan was made), then reads the homes of the rows entering it."""
+        their plan was made), then reads the homes of the rows entering it.
+
+        Raises:
+          ValueError: ``out_gens`` or ``out_values`` do not match ``out_rows`` (one
+            generation and one row of ``width`` floats each); nothing written.
+          RuntimeError: the homes' rows are not ``width`` floats wide.
+        """
+        homes = self.homes   # made first: it fixes the slot layout, hence the width
         out_rows = np.ascontiguousarray(out_rows, np.int32)
         out_gens = np.ascontiguousarray(out_gens, np.int64)
         out_values = np.ascontiguousarray(out_values, np.float32)
         in_rows = np.ascontiguousarray(in_rows, np.int32)
+        n_out = out_rows.shape[0]
+        values_fit = (out_values.shape == (n_out, self.width)
+                      or (n_out == 0 and out_values.size == 0))
+        if out_gens.shape != (n_out,) or not values_fit:
+            raise ValueError(f"Table `{self.name}`: {n_out} rows leaving the fast tier need "
+                             f"{n_out} generations and values of shape ({n_out}, "
+                             f"{self.width}); received {out_gens.shape} and "
+                             f"{out_values.shape}.")
         in_values = np.empty((in_rows.shape[0], self.width), np.float32)
-        with self.cache.lock, self.homes.pinned() as storage:
+        with self.cache.lock, homes.pinned() as storage:
             if storage.shape[1] != self.width:   # the kernel copies whole rows
                 raise RuntimeError(f"Table `{self.name}`: its homes hold rows of "
                                    f"{storage.shape[1]} floats, its fast tier {self.width}.")
             tier_kernels.write_back_and_read(storage, self.cache.gen, out_rows, out_gens,
-                                             out_values.reshape(-1, self.width), in_rows,
+                                             out_values.reshape(n_out, self.width), in_rows,
                                              in_values)
         return in_values
 
@@ -163,8 +182,9 @@ class RowTiers:
     def host_slots(self, storage: np.ndarray) -> tuple[Callable, Callable]:
         """``(read_slots, write_slots)`` over host slots' ``[slots, width]`` ``storage``
         (row-copy kernels, as the homes use)."""
-        return (lambda slots: row_copies.read(self.name, storage, slots),
-                lambda slots, values: row_copies.write(self.name, storage, slots, values))
+        return (lambda slots: row_copies.read(self.name, storage, slots, "slot"),
+                lambda slots, values: row_copies.write(self.name, storage, slots, values,
+                                                       "slot"))
 
     def release(self, seq: int) -> None:
         """The batch ``seq`` was gathered (see :meth:`TierCache.release`)."""

@@ -199,8 +199,8 @@ def _heap_victims(pins, row_in, last_used, uses, lfu, marks, wanted, out):
 @numba.njit(**_JIT)
 def find_slots(rows, slot_of, slots, missing, resident):
     """A batch's rows against the fast tier: ``slots[i] = slot_of[rows[i]]`` (-1 where
-    ``rows[i]`` is -1); the positions of the rows without a slot go to ``missing``, the
-    slots of those with one to ``resident``, each in batch order.
+    ``rows[i]`` is negative: a key without a row); the positions of the rows without a slot
+    go to ``missing``, the slots of those with one to ``resident``, each in batch order.
 
     Args:
       rows: int32 ``[U]`` logical rows, -1 for keys without a row.
@@ -208,15 +208,20 @@ def find_slots(rows, slot_of, slots, missing, resident):
       slots, missing, resident: int32 ``[>= U]`` outputs.
 
     Returns:
-      ``(missing rows, resident rows)``: how much of ``missing`` and ``resident`` is filled.
+      ``(missing rows, resident rows, bad)``: how much of ``missing`` and ``resident`` is
+      filled, and -1, or the first position of a row past ``slot_of`` (the outputs are then
+      incomplete).
     """
     n_missing = 0
     n_resident = 0
+    n_rows = slot_of.shape[0]
     for i in range(rows.shape[0]):
         r = rows[i]
         if r < 0:
             slots[i] = -1
             continue
+        if r >= n_rows:
+            return n_missing, n_resident, i
         s = slot_of[r]
         slots[i] = s
         if s < 0:
@@ -225,7 +230,7 @@ def find_slots(rows, slot_of, slots, missing, resident):
         else:
             resident[n_resident] = s
             n_resident += 1
-    return n_missing, n_resident
+    return n_missing, n_resident, -1
 
 
 @numba.njit(**_JIT)
@@ -269,7 +274,7 @@ def commit_slots(rows, slots, missing, victims, new_slots, slot_of, row_in, last
 
 
 @numba.njit(**_JIT)
-def _first_outside(rows, n_rows):
+def first_outside(rows, n_rows):
     """The first position of ``rows`` outside ``[0, n_rows)``, or -1."""
     for i in range(rows.shape[0]):
         if rows[i] < 0 or rows[i] >= n_rows:
@@ -281,7 +286,7 @@ def _first_outside(rows, n_rows):
 def read_rows(storage, rows, out):
     """``out[i] = storage[rows[i]]``, every column. Returns -1, or (nothing read) the first
     position of ``rows`` outside the storage."""
-    bad = _first_outside(rows, storage.shape[0])
+    bad = first_outside(rows, storage.shape[0])
     if bad >= 0:
         return bad
     for i in range(rows.shape[0]):
@@ -296,7 +301,7 @@ def write_rows(storage, rows, values):
     """``storage[rows[i]] = values[i]``, every column (a row given twice keeps its last
     values). Returns -1, or (nothing written) the first position of ``rows`` outside the
     storage."""
-    bad = _first_outside(rows, storage.shape[0])
+    bad = first_outside(rows, storage.shape[0])
     if bad >= 0:
         return bad
     for i in range(rows.shape[0]):
@@ -326,10 +331,11 @@ def write_back_and_read(storage, gen, out_rows, out_gens, out_values, in_rows, i
 
 @numba.njit(**_JIT)
 def forget_rows(rows, slot_of, row_in, gen, uses, lfu, freed):
-    """Drops ``rows`` (handed to new keys) from the fast tier: their slots are freed (listed
-    in ``freed``, int32 ``[>= len(rows)]``), their generations bumped (a queued write-back
-    of their old contents is then dropped) and, under LFU, their use counts reset. Returns
-    how many slots were freed."""
+    """Drops ``rows`` (handed to new keys, each in ``[0, len(slot_of))``: see
+    :func:`first_outside`) from the fast tier: their slots are freed (listed in ``freed``,
+    int32 ``[>= len(rows)]``), their generations bumped (a queued write-back of their old
+    contents is then dropped) and, under LFU, their use counts reset. Returns how many slots
+    were freed."""
     n_freed = 0
     for i in range(rows.shape[0]):
         r = rows[i]

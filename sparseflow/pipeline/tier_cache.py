@@ -125,6 +125,9 @@ class TierCache:
           seq: the batch's sequence number.
           training: a training batch (its step keeps its slots pinned until its update) or an
             evaluation one.
+
+        Raises:
+          IndexError: a row past the table's logical rows; no row moved.
         """
         rows = np.asarray(rows, np.int32)
         with self.lock:
@@ -154,6 +157,7 @@ class TierCache:
         Raises:
           CacheFullError: the rows missing from the fast tier exceed its free slots plus the
             slots no claimed batch holds; no row moved.
+          IndexError: a row past the table's logical rows; no row moved.
         """
         rows = np.asarray(rows, np.int32)
         with self.lock:
@@ -189,7 +193,10 @@ class TierCache:
         slots = np.empty(u, np.int32)
         missing = np.empty(u, np.int32)
         resident = np.empty(u, np.int32)
-        n, n_resident = tier_kernels.find_slots(rows, self.slot_of, slots, missing, resident)
+        n, n_resident, bad = tier_kernels.find_slots(rows, self.slot_of, slots, missing,
+                                                     resident)
+        if bad >= 0:
+            self._raise_outside(rows, bad)
         missing, resident = missing[:n], resident[:n_resident]
         # Scanning for free slots costs O(slots): only while some are free (until the tier
         # first fills, and after forget / reset).
@@ -286,9 +293,13 @@ class TierCache:
         may be emptied. One kernel call (``ops/tier_kernels.py``)."""
         out = np.empty(n, np.int32)
         lfu = self.uses is not None
-        eligible = tier_kernels.select_victims(
-            self.pins, self.row_in, self.last_used, self.uses if lfu else _NO_USES, lfu,
-            resident.astype(np.int32, copy=False), n, out, self._marks)
+        try:
+            eligible = tier_kernels.select_victims(
+                self.pins, self.row_in, self.last_used, self.uses if lfu else _NO_USES, lfu,
+                resident.astype(np.int32, copy=False), n, out, self._marks)
+        except BaseException:
+            self._marks[:] = False   # a marked slot would never be a victim again
+            raise
         return out[:min(n, eligible)], int(eligible)
 
     def release(self, seq: int) -> None:
@@ -334,14 +345,25 @@ class TierCache:
 
         Returns:
           the int32 slots freed.
+
+        Raises:
+          IndexError: a row outside the table's logical rows; nothing changed.
         """
         rows = np.ascontiguousarray(rows, np.int32)
+        bad = tier_kernels.first_outside(rows, self.slot_of.shape[0])
+        if bad >= 0:
+            self._raise_outside(rows, bad)
         freed = np.empty(rows.shape[0], np.int32)
         lfu = self.uses is not None
         n = tier_kernels.forget_rows(rows, self.slot_of, self.row_in, self.gen,
                                      self.uses if lfu else _NO_USES, lfu, freed)
         self._n_free += n
         return freed[:n]
+
+    def _raise_outside(self, rows: np.ndarray, bad: int) -> None:
+        raise IndexError(f"Table `{self.table_name}`: row {int(rows[bad])} is outside its "
+                         f"{self.slot_of.shape[0]:,} logical rows (0 .. "
+                         f"{self.slot_of.shape[0] - 1}); the fast tier is unchanged.")
 
     def reset(self) -> None:
         """Empties the cache (a restore rewrote every home): every slot free, no plan, no
