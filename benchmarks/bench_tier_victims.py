@@ -121,12 +121,15 @@ def main() -> None:
         "|---:|---:|---:|---:|",
         *rows, "",
         "Where numpy makes five passes over the slots and three temporaries of the "
-        "tier's size, the kernel makes three passes with at most 64 candidates per victim "
-        "(the scores' range, a histogram of them, a stable placement: LRU clocks are "
-        "shared by a batch's slots, so the range is narrow) and two beyond that (the "
-        "range, then a heap of the victims seen so far: its memory is the victims', not "
-        "the tier's). The first row is the size the tiered tables' benchmark uses at its "
-        "10% fast tier. Each batch with misses pays this once per table.",
+        "tier's size, the kernel makes one pass over the slots, which finds the scores' "
+        "range and keeps the candidates in a buffer when there are at most 64 per victim; "
+        "it then counts them there (a histogram, a stable placement: LRU clocks are shared "
+        "by a batch's slots, so the range is narrow). With more candidates per victim a "
+        "second pass keeps the victims seen so far in a heap (its memory is the victims', "
+        "not the tier's). The batch's own slots are marked in a scratch array the cache "
+        "keeps, not sorted and searched. The first row is the size the tiered tables' "
+        "benchmark uses at its 10% fast tier. Each batch with misses pays this once per "
+        "table.",
     ])
     publish(section, args.write)
 

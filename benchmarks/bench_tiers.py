@@ -14,8 +14,9 @@ below the unique keys of the batches that can be in flight).
   memory-mapped file, LFU) against every row in host memory (the baseline).
 
 Each configuration trains the same stream in its own graph; steps/s is measured after a
-warm-up, and reported as a ratio to its baseline measured in the same run (the baseline is
-measured in round-robin rounds with the others, the median reported).
+warm-up (every run asking for the same fetches, ``report.timed_steps``). Configurations run in
+round-robin rounds with their baselines; a configuration's ratio is the median over rounds of
+its ratio to the same round's baseline.
 
     .venv/bin/python benchmarks/bench_tiers.py [--steps 300] [--rounds 5] [--quick] [--write]
 """
