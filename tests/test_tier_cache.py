@@ -263,3 +263,20 @@ def test_a_row_past_the_table_is_an_error_and_nothing_moves(call):
     np.testing.assert_array_equal(cache.row_in, before[1])
     np.testing.assert_array_equal(cache.gen, before[2])
     assert cache._n_free == before[3]
+
+
+def test_claiming_a_batch_whose_row_left_the_tier_stamps_only_its_own_slots():
+    # A row of a batch placed early can leave the tier before the claim (forgotten: handed
+    # to a new key). Its slot is then -1, which must not index the last slot's LRU clock.
+    cache = TierCache("t", 4, 10)
+    first = cache.place(np.array([0, 1, 2, 3], np.int32), seq=0)   # every slot taken
+    cache.release(0)
+    cache.settle()
+    cache.prefetch(np.array([1, 2], np.int32), seq=1)             # placed early
+    with cache.lock:
+        cache.forget(np.array([2], np.int32))                     # row 2 leaves its slot
+    last_before = cache.last_used.copy()
+    slots = cache.place(np.array([1, 2], np.int32), seq=1)
+    assert slots.tolist() == [first[1], -1]
+    untouched = [s for s in range(4) if s != first[1]]
+    np.testing.assert_array_equal(cache.last_used[untouched], last_before[untouched])

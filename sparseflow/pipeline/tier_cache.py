@@ -170,17 +170,16 @@ class TierCache:
             # in their slots. (The batch's rows may be padded with -1 past the unique ones.)
             early = self._read_ahead.pop(seq, None)
             if seq in self._pinned or early is not None:
-                valid = rows >= 0
-                slots = np.full(rows.shape[0], -1, np.int32)
-                slots[valid] = self.slot_of[rows[valid]]
+                slots, _, resident = self._find(rows)
                 if seq in self._pinned:
                     return slots
-                self.last_used[slots[valid]] = self._clock
+                self.last_used[resident] = self._clock
                 self._clock += 1
+                self._pinned[seq] = resident
             else:
                 slots = self._assign(rows, take_back=True)
                 self.pins[slots[rows >= 0]] += 1
-            self._pinned[seq] = slots[slots >= 0]
+                self._pinned[seq] = slots[slots >= 0]
             self._training[seq] = bool(training)
             return slots
 
@@ -189,15 +188,8 @@ class TierCache:
         pins them. Without room: None, or with ``take_back`` the slots placed early for
         other batches are taken back (furthest ahead first) and, if that is not enough,
         CacheFullError. The caller holds :attr:`lock`."""
-        u = rows.shape[0]
-        slots = np.empty(u, np.int32)
-        missing = np.empty(u, np.int32)
-        resident = np.empty(u, np.int32)
-        n, n_resident, bad = tier_kernels.find_slots(rows, self.slot_of, slots, missing,
-                                                     resident)
-        if bad >= 0:
-            self._raise_outside(rows, bad)
-        missing, resident = missing[:n], resident[:n_resident]
+        slots, missing, resident = self._find(rows)
+        n, n_resident = missing.shape[0], resident.shape[0]
         # Scanning for free slots costs O(slots): only while some are free (until the tier
         # first fills, and after forget / reset).
         take_free = (np.flatnonzero(self.row_in < 0)[:n].astype(np.int32) if n and self._n_free
@@ -247,6 +239,24 @@ class TierCache:
                                         out_gens=out_gens, in_slots=new_slots, in_rows=in_rows))
             self._entering[new_slots] = True
         return slots
+
+    def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(slots, missing, resident)`` of a batch's rows (:func:`tier_kernels.find_slots`):
+        each row's slot (-1: none), the positions of the rows at home, the slots of the
+        others, in batch order.
+
+        Raises:
+          IndexError: a row past the table's logical rows.
+        """
+        u = rows.shape[0]
+        slots = np.empty(u, np.int32)
+        missing = np.empty(u, np.int32)
+        resident = np.empty(u, np.int32)
+        n, n_resident, bad = tier_kernels.find_slots(rows, self.slot_of, slots, missing,
+                                                     resident)
+        if bad >= 0:
+            self._raise_outside(rows, bad)
+        return slots, missing[:n], resident[:n_resident]
 
     def _cancel_moves_in(self, slots: np.ndarray) -> None:
         """Drops the queued moves into ``slots`` (their rows, placed early for a batch whose
