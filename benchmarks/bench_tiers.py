@@ -29,7 +29,7 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
-from report import machine_line, replace_section, timed_steps
+from report import listed, machine_line, replace_section, timed_steps
 
 import sparseflow as sf
 from sparseflow.optimizers import lazy_adam
@@ -126,12 +126,10 @@ def train(data: dict, tables: dict, steps: int) -> dict:
             "stats": stats, "cpu_ms": 1000 * timed.cpu_seconds / timed.steps}
 
 
-def _listed(speeds: dict, kind: str, share: float) -> str:
-    """One configuration's per-round ratios to its round's baseline, for the record."""
-    if (kind, share) not in speeds:
-        return "(not run)"
-    return ", ".join(f"{a / b:.2f}" for a, b in zip(speeds[(kind, share)],
-                                                     speeds[(kind, None)]))
+def paired_ratios(per_config: dict) -> dict:
+    """Each configuration's per-round ratios to the same round's baseline (``share`` None)."""
+    return {(kind, share): np.divide(values, per_config[(kind, None)])
+            for (kind, share), values in per_config.items()}
 
 
 def main() -> None:
@@ -162,12 +160,12 @@ def main() -> None:
     cpu = {config: float(np.median(v)) for config, v in cpu_ms.items()}
     # Each round's ratio to its own baseline, then their median: the machine's slow spells
     # last longer than one round, so a round's configurations share them.
-    ratio = {(kind, share): float(np.median(np.divide(speeds[(kind, share)],
-                                                      speeds[(kind, None)])))
-             for kind, share in configs}
-    cpu_ratio = {(kind, share): float(np.median(np.divide(cpu_ms[(kind, share)],
-                                                          cpu_ms[(kind, None)])))
-                 for kind, share in configs}
+    speed_rounds = paired_ratios(speeds)
+    ratio = {config: float(np.median(v)) for config, v in speed_rounds.items()}
+    cpu_ratio = {config: float(np.median(v)) for config, v in paired_ratios(cpu_ms).items()}
+
+    def per_round(kind):   # the 10% row's, for the record
+        return listed(speed_rounds[(kind, 0.1)]) if (kind, 0.1) in speed_rounds else "(not run)"
     lines = []
     for kind, label, base_label in (("device", "device tier", "all rows in TF variables"),
                                     ("host", "host memory over disk",
@@ -208,8 +206,8 @@ def main() -> None:
         f"to other load on a shared machine) are medians of {rounds} round-robin rounds (the "
         f"largest max/min spread of one row's steps/s across rounds: {spread:.2f}x); each "
         f"\"vs baseline\" is the median of the rounds' ratios to the same round's baseline. "
-        f"Per round, the 10% rows' ratios: device {_listed(speeds, 'device', 0.1)}, disk "
-        f"{_listed(speeds, 'host', 0.1)}. A fast tier is never smaller than the unique keys of the batches "
+        f"Per round, the 10% rows' ratios: device {per_round('device')}, disk "
+        f"{per_round('host')}. A fast tier is never smaller than the unique keys of the batches "
         f"in flight ({min_slots(data, 'C3'):,} rows for C3), so the 5% row may hold more than "
         f"5%. The first touch of every key is a miss, so even 100% has a hit rate below 1. "
         f"Every row ends at the baseline's final loss: the tiers only move rows.", "",

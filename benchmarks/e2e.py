@@ -46,7 +46,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import e2e_variants as ev
 import numpy as np
 import tensorflow as tf
-from report import machine_line, replace_section
+from report import listed, machine_line, replace_section
 
 from sparseflow.distributed.cluster import usable_cpus
 
@@ -301,11 +301,6 @@ def _medians(per_round: list, keys) -> dict:
             for k in keys if per_round and all(k in r for r in per_round)}
 
 
-def _listed(values) -> str:
-    """Per-round values as the reports print them: ``0.81, 0.84, 0.79``."""
-    return ", ".join(f"{y:.2f}" for y in values)
-
-
 def print_summary(s):
     print("\nmedian over rounds:")
     for v, p in s["per"].items():
@@ -314,16 +309,16 @@ def print_summary(s):
               f"input wait {_pct(p['wait']):>6s}{cpu}")
     for k, x in s["cpu"].items():
         print(f"  {k}: {x['median']:.2f} "
-              f"(rounds: {_listed(x['rounds'])})")
+              f"(rounds: {listed(x['rounds'])})")
     for (k, target) in TARGETS:
         if k in s["ratios"]:
             x = s["ratios"][k]
-            print(f"  {k}: {x['median']:.2f} (rounds: {_listed(x['rounds'])}) "
+            print(f"  {k}: {x['median']:.2f} (rounds: {listed(x['rounds'])}) "
                   f"target >= {target:g}: {'PASS' if x['median'] >= target else 'MISS'}")
     for k in REPORTED:
         if k in s["ratios"]:
             x = s["ratios"][k]
-            print(f"  {k}: {x['median']:.2f} (rounds: {_listed(x['rounds'])}) "
+            print(f"  {k}: {x['median']:.2f} (rounds: {listed(x['rounds'])}) "
                   "no target (targets are evaluated on (d) and d_tf2)")
 
 
@@ -830,8 +825,8 @@ def render_cpu(summary) -> list:
         if f"{key} as is" in c:
             as_is, any_ = c[f"{key} as is"], c[f"{key} any"]
             lines.append(f"| {key} | >= {target:g} | {as_is['median']:.2f} "
-                         f"({_listed(as_is['rounds'])}) | {any_['median']:.2f} "
-                         f"({_listed(any_['rounds'])}) |")
+                         f"({listed(as_is['rounds'])}) | {any_['median']:.2f} "
+                         f"({listed(any_['rounds'])}) |")
     return lines
 
 
@@ -884,13 +879,13 @@ def render(summary, prof, args, n, load_start, load_end, elapsed) -> str:
         if k in ratios:
             x = ratios[k]
             lines.append(f"| {k} | **{x['median']:.2f}** | "
-                         f"{_listed(x['rounds'])} | >= {target:g} | "
+                         f"{listed(x['rounds'])} | >= {target:g} | "
                          f"{'met' if x['median'] >= target else 'missed'} |")
     for k in REPORTED:
         if k in ratios:
             x = ratios[k]
             lines.append(f"| {k} | {x['median']:.2f} | "
-                         f"{_listed(x['rounds'])} | none: the targets "
+                         f"{listed(x['rounds'])} | none: the targets "
                          "are evaluated on (d) and the faces' main loops | |")
     if "d" in per:
         w = per["d"]["wait"]

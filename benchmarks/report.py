@@ -287,6 +287,11 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def listed(values) -> str:
+    """Per-round values as the reports print them: ``0.81, 0.84, 0.79``."""
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 class TimedSteps(NamedTuple):
     """``timed_steps``' result: wall and process CPU seconds of the timed runs, their count, and
     the last run's value."""

@@ -63,8 +63,6 @@ class DiskRows:
                 self.path = os.path.join(directory, f"{name}-{os.getpid()}{_FILE_SUFFIX}")
                 self.rows = np.memmap(self.path, np.float32, "w+",
                                       shape=(self.capacity, self.width))
-                # The same mapping as a plain array: what the kernels take.
-                self.storage = np.asarray(self.rows)
                 break
             except OSError as e:
                 reasons.append(f"{directory}: {e.strerror or e}")
@@ -101,9 +99,10 @@ class DiskRows:
         yield self._open()
 
     def _open(self) -> np.ndarray:
-        if self.storage is None:
+        """The mapping as a plain array (a view, no copy): what the kernels take."""
+        if self.rows is None:
             raise RuntimeError(f"Table `{self.name}`: its disk tier ({self.path}) was closed.")
-        return self.storage
+        return np.asarray(self.rows)
 
     def flush(self) -> None:
         """Writes dirty pages to the file.
@@ -118,7 +117,7 @@ class DiskRows:
         """Unmaps the file and (by default) deletes it: a disk tier is scratch space, the
         checkpoint is what persists."""
         path = self.path
-        self.rows = self.storage = None
+        self.rows = None
         if delete and os.path.exists(path):
             os.remove(path)
 

@@ -323,10 +323,7 @@ def write_back_and_read(storage, gen, out_rows, out_gens, out_values, in_rows, i
             continue
         for j in range(storage.shape[1]):
             storage[r, j] = out_values[i, j]
-    for i in range(in_rows.shape[0]):
-        r = in_rows[i]
-        for j in range(storage.shape[1]):
-            in_values[i, j] = storage[r, j]
+    read_rows(storage, in_rows, in_values)
 
 
 @numba.njit(**_JIT)
