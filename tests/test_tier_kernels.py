@@ -148,7 +148,7 @@ def test_find_slots_and_commit_slots_match_numpy(seed):
     ref["slot_of"][in_rows_ref] = new_slots
     ref["row_in"][new_slots] = in_rows_ref
     ref["slots"][want_missing] = new_slots
-    ref["last_used"][ref["slots"][valid]] = 7
+    ref["last_used"][ref["slots"][valid]] = 7 + np.arange(int(valid.sum()))   # batch order
     ref["uses"][rows[valid]] += 1
 
     out_rows = np.empty(victims.shape[0], np.int32)

@@ -239,7 +239,9 @@ def commit_slots(rows, slots, missing, victims, new_slots, slot_of, row_in, last
     """Records a batch's placement: the rows in ``victims`` leave (at home from now on; their
     rows and generations go to ``out_rows`` and ``out_gens``), the missing rows
     (``rows[missing]``, copied to ``in_rows``) enter ``new_slots`` (free slots, then the
-    victims), and every row of the batch is stamped with ``clock`` (LRU) or counted (LFU).
+    victims), and every row of the batch is stamped, in batch order, with the clock's next
+    ticks from ``clock`` on (LRU; ``ops/lru_list.py`` lists the slots in that order) and
+    counted (LFU).
 
     Args:
       rows, slots: the batch's int32 rows and slots (:func:`find_slots`); the missing
@@ -249,7 +251,8 @@ def commit_slots(rows, slots, missing, victims, new_slots, slot_of, row_in, last
       new_slots: int32 ``[len(missing)]`` slots they enter.
       slot_of, row_in, last_used, uses, gen: the cache's state (``uses`` may be empty under
         LRU); ``lfu`` counts uses.
-      clock: the LRU stamp.
+      clock: the first LRU stamp (the batch's rows, -1 aside, take ``clock, clock + 1,
+        ...``).
       out_rows, out_gens: ``[len(victims)]`` outputs; ``in_rows``: ``[len(missing)]``.
     """
     for i in range(victims.shape[0]):
@@ -269,6 +272,7 @@ def commit_slots(rows, slots, missing, victims, new_slots, slot_of, row_in, last
         if r < 0:
             continue
         last_used[slots[i]] = clock
+        clock += 1
         if lfu:
             uses[r] += 1
 
@@ -346,3 +350,21 @@ def forget_rows(rows, slot_of, row_in, gen, uses, lfu, freed):
         if lfu:
             uses[r] = 0
     return n_freed
+
+
+@numba.njit(**_JIT)
+def free_slots_from(row_in, start, n, out):
+    """The first ``n`` free slots (``row_in < 0``) at or after ``start``, into ``out``
+    (int32 ``[>= n]``). Returns ``(how many, where the scan stopped)``: every slot from
+    ``start`` up to that point now holds a row or is among them. With ``start`` at or below
+    the lowest free slot these are the tier's lowest free slots; a scan per batch over the
+    whole tier cost O(slots) until it filled."""
+    found = 0
+    s = start
+    n_slots = row_in.shape[0]
+    while s < n_slots and found < n:
+        if row_in[s] < 0:
+            out[found] = s
+            found += 1
+        s += 1
+    return found, s

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparseflow.ops import tier_kernels
+from sparseflow.ops import lru_list, tier_kernels
 
 POLICIES = ("lru", "lfu")
 # A batch read ahead this many sequence numbers behind a claimed one was abandoned (its
@@ -103,6 +103,10 @@ class TierCache:
         self._released: list[int] = []                       # gathered, not yet settled
         self._clock = 0
         self._n_free = self.slots
+        self._first_free = 0   # no slot below it is free
+        # LRU: the slots holding a row, oldest stamp first (ops/lru_list.py); the victims
+        # are the first unpinned ones. LFU scores change with every placement: it scans.
+        self._lru = lru_list.empty(self.slots) if policy == "lru" else None
         self._plans: deque[SwapPlan] = deque()
         # Slots a queued plan moves a row into (not executed yet). Only a slot placed early
         # and taken back can be emptied again before its plan runs: its row never arrived,
@@ -173,8 +177,11 @@ class TierCache:
                 slots, _, resident = self._find(rows)
                 if seq in self._pinned:
                     return slots
-                self.last_used[resident] = self._clock
-                self._clock += 1
+                self.last_used[resident] = np.arange(self._clock,
+                                                     self._clock + resident.shape[0])
+                self._clock += resident.shape[0]
+                if self._lru is not None:
+                    lru_list.touch(*self._lru, resident)
                 self._pinned[seq] = resident
             else:
                 slots = self._assign(rows, take_back=True)
@@ -190,10 +197,7 @@ class TierCache:
         CacheFullError. The caller holds :attr:`lock`."""
         slots, missing, resident = self._find(rows)
         n, n_resident = missing.shape[0], resident.shape[0]
-        # Scanning for free slots costs O(slots): only while some are free (until the tier
-        # first fills, and after forget / reset).
-        take_free = (np.flatnonzero(self.row_in < 0)[:n].astype(np.int32) if n and self._n_free
-                     else np.zeros(0, np.int32))
+        take_free, first_free = self._free_slots(n)
         n_victims = n - take_free.shape[0]
         victims = np.zeros(0, np.int32)
         if n_victims:
@@ -223,8 +227,11 @@ class TierCache:
                                   self.row_in, self.last_used, self._clock,
                                   self.uses if lfu else _NO_USES, lfu, self.gen, out_rows,
                                   out_gens, in_rows)
-        self._clock += 1
+        self._clock += n + n_resident   # a tick per row placed
+        if self._lru is not None:
+            lru_list.touch(*self._lru, slots)
         self._n_free -= take_free.shape[0]
+        self._first_free = first_free
         leaving = victims
         arriving = self._entering[victims]
         if arriving.any():   # rows that never arrived: no write-back, and no move in
@@ -239,6 +246,17 @@ class TierCache:
                                         out_gens=out_gens, in_slots=new_slots, in_rows=in_rows))
             self._entering[new_slots] = True
         return slots
+
+    def _free_slots(self, n: int) -> tuple[np.ndarray, int]:
+        """The ``n`` lowest free slots (fewer if fewer are free), scanning from the lowest
+        that may be free, and the lowest that may be free once they are filled (the caller,
+        holding :attr:`lock`, records it when it fills them)."""
+        if not (n and self._n_free):
+            return np.zeros(0, np.int32), self._first_free
+        out = np.empty(min(n, self._n_free), np.int32)
+        found, stop = tier_kernels.free_slots_from(self.row_in, self._first_free,
+                                                   out.shape[0], out)
+        return out[:found], int(stop)
 
     def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(slots, missing, resident)`` of a batch's rows (:func:`tier_kernels.find_slots`):
@@ -287,26 +305,35 @@ class TierCache:
         # Batches read ahead furthest from the step first (an abandoned one, from an
         # iterator re-initialized since, is behind every claim: it goes early too).
         order = sorted(self._read_ahead, key=lambda s: -abs(s - newest_claim))
-        eligible = self._victims(resident, 0)[1]   # counting only: the choice comes once
+        # Counting only (the choice comes once), up to the slots needed.
+        eligible = self._victims(resident, 0, needed)[1]
         for seq in order:
             if eligible >= needed:
                 break
             slots = self._read_ahead.pop(seq)
             self.pins[slots[slots >= 0]] -= 1
-            eligible = self._victims(resident, 0)[1]
+            eligible = self._victims(resident, 0, needed)[1]
         return self._victims(resident, needed)
 
-    def _victims(self, resident: np.ndarray, n: int) -> tuple[np.ndarray, int]:
-        """The ``n`` slots to empty first, and how many slots may be emptied at all: those
-        holding a row, pinned by no batch and not among ``resident`` (the batch's own).
-        Oldest (LRU) or least placed (LFU) first, ties by slot; fewer than ``n`` when fewer
-        may be emptied. One kernel call (``ops/tier_kernels.py``)."""
+    def _victims(self, resident: np.ndarray, n: int,
+                 enough: int = 0) -> tuple[np.ndarray, int]:
+        """The ``n`` slots to empty first, and how many slots may be emptied: those
+        holding a row, pinned by no batch and not among ``resident`` (the batch's own),
+        counted up to ``max(n, enough)`` (exact below that). Oldest (LRU: a batch's rows
+        in batch order) or least placed (LFU: ties by slot) first; fewer than ``n`` when
+        fewer may be emptied. One kernel
+        call: LRU walks its list from the oldest slot (``ops/lru_list.py``), LFU scans every
+        slot (``ops/tier_kernels.py``)."""
         out = np.empty(n, np.int32)
-        lfu = self.uses is not None
+        resident = resident.astype(np.int32, copy=False)
         try:
-            eligible = tier_kernels.select_victims(
-                self.pins, self.row_in, self.last_used, self.uses if lfu else _NO_USES, lfu,
-                resident.astype(np.int32, copy=False), n, out, self._marks)
+            if self._lru is not None:
+                eligible = lru_list.victims(*self._lru, self.pins, self._marks, resident, n,
+                                            enough, out)
+            else:
+                eligible = tier_kernels.select_victims(
+                    self.pins, self.row_in, self.last_used, self.uses, True, resident, n, out,
+                    self._marks)
         except BaseException:
             self._marks[:] = False   # a marked slot would never be a victim again
             raise
@@ -368,6 +395,10 @@ class TierCache:
         n = tier_kernels.forget_rows(rows, self.slot_of, self.row_in, self.gen,
                                      self.uses if lfu else _NO_USES, lfu, freed)
         self._n_free += n
+        if n:
+            self._first_free = min(self._first_free, int(freed[:n].min()))
+            if self._lru is not None:
+                lru_list.unlink(*self._lru, freed[:n])
         return freed[:n]
 
     def _raise_outside(self, rows: np.ndarray, bad: int) -> None:
@@ -382,6 +413,9 @@ class TierCache:
             self.slot_of[:] = -1
             self.row_in[:] = -1
             self._n_free = self.slots
+            self._first_free = 0
+            if self._lru is not None:
+                lru_list.clear(*self._lru)
             self.pins[:] = 0
             self.gen += 1
             if self.uses is not None:
