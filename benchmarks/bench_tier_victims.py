@@ -1,13 +1,17 @@
-"""The fast tier's victim choice: one kernel pass against the numpy formulation it replaced.
+"""The fast tier's victim choice: the LRU list's walk and the one-pass scan against the
+numpy formulation they replaced.
 
 A tiered table's cache (``sparseflow/pipeline/tier_cache.py``) picks, for every batch with
 misses, the ``n`` slots to empty: those holding a row, pinned by no batch in flight and not
 the batch's own, least recently used first (ties by slot). The numpy formulation it used
 (kept here as the baseline) builds a mask over every slot, its indices and scores, then
 partitions and sorts: five passes over the tier per call. ``tier_kernels.select_victims``
-counts the scores (a histogram, then a stable placement) or, in a tier far larger than the
-victims wanted, keeps them in a heap. The kernel's victims are checked against a strict
-(score, slot) sort first (the baseline breaks ties at its partition's edge by position).
+(LFU's choice, and LRU's before the list) counts the scores (a histogram, then a stable
+placement) or, in a tier far larger than the victims wanted, keeps them in a heap.
+``lru_list.victims`` walks the slots in LRU order from the oldest and stops at the last
+victim; the list's upkeep is paid per batch by ``lru_list.touch`` of the batch's slots, which
+is timed with it. Each method's victims are checked against a strict (score, slot) sort
+first (the baseline breaks ties at its partition's edge by position).
 
 Workload per size: every slot holds a row, 2,000 slots are the batch's own, 1,000 victims
 wanted (a batch's misses in ``bench_tiers.py`` are ~900 a table); LRU clocks shared by 1,000
@@ -30,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from report import machine_line, publish  # noqa: E402
 
-from sparseflow.ops import tier_kernels  # noqa: E402
+from sparseflow.ops import lru_list, tier_kernels  # noqa: E402
 
 SECTION = "## Tiered tables: choosing the fast tier's victims"
 SIZES = (23_000, 1_000_000, 10_000_000)
@@ -59,6 +63,28 @@ def kernel_victims(pins, row_in, last_used, resident, n):
     eligible = tier_kernels.select_victims(pins, row_in, last_used, np.zeros(0, np.int64),
                                            False, resident, n, out, marks)
     return out[:min(n, eligible)]
+
+
+def lru_order(last_used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The LRU list ``TierCache`` would hold for these stamps (every slot holds a row)."""
+    slots = last_used.shape[0]
+    order = np.lexsort((np.arange(slots), last_used)).astype(np.int32)
+    nxt, prv = lru_list.empty(slots)
+    chain = np.concatenate([[slots], order, [slots]]).astype(np.int32)
+    nxt[chain[:-1]] = chain[1:]
+    prv[chain[1:]] = chain[:-1]
+    return nxt, prv
+
+
+def list_victims(lru, pins, resident, n):
+    """``lru_list.victims`` as ``TierCache._victims`` calls it, then the batch's slots (its
+    own and its victims, now holding its rows) touched, as ``TierCache._assign`` does."""
+    out = np.empty(n, np.int32)
+    marks = _MARKS.setdefault(pins.shape[0], np.zeros(pins.shape[0], np.bool_))
+    eligible = lru_list.victims(*lru, pins, marks, resident, n, 0, out)
+    out = out[:min(n, eligible)]
+    lru_list.touch(*lru, np.concatenate([resident, out]))
+    return out
 
 
 def state(slots: int, seed: int = 0):
@@ -90,17 +116,30 @@ def main() -> None:
         got = kernel_victims(pins, row_in, last_used, resident, VICTIMS)   # compiles
         if not np.array_equal(got, want):
             raise AssertionError(f"kernel victims differ from the reference at {slots} slots")
-        times = {"numpy": [], "kernel": []}
+        if not np.array_equal(list_victims(lru_order(last_used), pins, resident, VICTIMS),
+                              want):
+            raise AssertionError(f"the list's victims differ from the reference at {slots} "
+                                 f"slots")
+        # The list moves each call's slots to its newest end: the next call walks past none
+        # of them (as the next batch's would).
+        lru = lru_order(last_used)
+        methods = (("numpy", lambda: numpy_victims(pins, row_in, last_used, resident, VICTIMS)),
+                   ("kernel", lambda: kernel_victims(pins, row_in, last_used, resident,
+                                                     VICTIMS)),
+                   ("list", lambda: list_victims(lru, pins, resident, VICTIMS)))
+        times = {name: [] for name, _ in methods}
         for _ in range(args.rounds):
-            for name, fn in (("numpy", numpy_victims), ("kernel", kernel_victims)):
+            for name, fn in methods:
                 start = time.perf_counter()
-                fn(pins, row_in, last_used, resident, VICTIMS)
+                fn()
                 times[name].append(1e3 * (time.perf_counter() - start))
-        numpy_ms = statistics.median(times["numpy"])
-        kernel_ms = statistics.median(times["kernel"])
-        ratios = [a / b for a, b in zip(times["numpy"], times["kernel"])]
-        rows.append(f"| {slots:,} | {numpy_ms:.2f} | {kernel_ms:.2f} | "
-                    f"**{statistics.median(ratios):.1f}x** |")
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        scan_speedup = statistics.median([a / b for a, b in zip(times["numpy"],
+                                                                 times["kernel"])])
+        list_speedup = statistics.median([a / b for a, b in zip(times["kernel"],
+                                                                 times["list"])])
+        rows.append(f"| {slots:,} | {ms['numpy']:.2f} | {ms['kernel']:.2f} | "
+                    f"{scan_speedup:.1f}x | {ms['list']:.3f} | **{list_speedup:.1f}x** |")
         print(rows[-1], flush=True)
     section = "\n".join([
         SECTION, "",
@@ -113,13 +152,20 @@ def main() -> None:
         f"misses in the tiered tables' benchmark are ~900 a table), LRU clocks shared by "
         f"1,000 slots each. Baseline: the numpy formulation `TierCache` used before "
         f"(`numpy_victims` in the script: a mask over the slots, their indices and scores, a "
-        f"partition, a sort). The kernel's victims are checked first against a strict "
-        f"(score, slot) sort. Median of "
-        f"{args.rounds} calls each, in turn; the speed-up is the median of the per-call "
+        f"partition, a sort); the one-pass scan (`tier_kernels.select_victims`, LRU's "
+        f"choice until issue 21's twentieth pass and LFU's still); the LRU list "
+        f"(`lru_list.victims`, the walk from the oldest slot, timed with the list's upkeep "
+        f"for the batch: `lru_list.touch` of its {RESIDENT + VICTIMS:,} slots). Each "
+        f"method's victims are checked first against a strict (score, slot) sort. Median of "
+        f"{args.rounds} calls each, in turn; each speed-up is the median of the per-call "
         f"ratios.", "",
-        "| fast tier slots | numpy, ms a call | kernel, ms a call | speed-up |",
-        "|---:|---:|---:|---:|",
+        "| fast tier slots | numpy, ms a call | scan, ms a call | scan vs numpy | "
+        "list walk + upkeep, ms a call | list vs scan |",
+        "|---:|---:|---:|---:|---:|---:|",
         *rows, "",
+        "The list's cost is the batch's, not the tier's: the walk stops at the last victim "
+        "(it passes only the pinned slots and the batch's own on its way, which are among "
+        "the newest) and the upkeep relinks the batch's slots at the newest end, in batch order. "
         "Where numpy makes five passes over the slots and three temporaries of the "
         "tier's size, the kernel makes one pass over the slots, which finds the scores' "
         "range and keeps the candidates in a buffer when there are at most 64 per victim; "
