@@ -17,6 +17,15 @@ Workload per size: every slot holds a row, 2,000 slots are the batch's own, 1,00
 wanted (a batch's misses in ``bench_tiers.py`` are ~900 a table); LRU clocks shared by 1,000
 slots each (a batch's slots share its clock). Median of ``--rounds`` calls of each, in turn.
 
+Then the cache itself: ``bench_tiers.py``'s C3 stream (300 batches of 2048 Zipf keys, rows
+given in order of first occurrence) through a ``TierCache`` of 10% and of 100% of its
+distinct rows, as the input pipeline and the step drive it (each batch placed early three
+batches ahead of its step, its new rows forgotten first; the step claims it, pops the plans,
+releases and settles it), against the same cache choosing as before the list
+(``ScanTierCache``: the scan for victims and for free slots). Both must end in the same
+state. Thread CPU of the placements and claims per batch, median of ``--rounds`` replays of
+each, in turn.
+
 Run: .venv/bin/python benchmarks/bench_tier_victims.py [--rounds 7] [--write]
 """
 
@@ -35,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from report import machine_line, publish  # noqa: E402
 
 from sparseflow.ops import lru_list, tier_kernels  # noqa: E402
+from sparseflow.pipeline.tier_cache import TierCache  # noqa: E402
+from sparseflow.synthetic import criteo_exponent, zipf_ranks  # noqa: E402
 
 SECTION = "## Tiered tables: choosing the fast tier's victims"
 SIZES = (23_000, 1_000_000, 10_000_000)
@@ -103,6 +114,105 @@ def strict_reference(pins, row_in, last_used, resident, n):
     return candidates[np.lexsort((candidates, last_used[candidates]))][:n]
 
 
+class ScanTierCache(TierCache):
+    """``TierCache`` choosing as before the LRU list (``d9564db``): victims by a scan of every
+    slot's stamp, free slots by a scan of every slot. With each slot's stamp its own it makes
+    the same choices as ``TierCache``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lru = None   # no list to keep
+
+    def _victims(self, resident, n, enough=0):
+        out = np.empty(n, np.int32)
+        eligible = tier_kernels.select_victims(
+            self.pins, self.row_in, self.last_used, np.zeros(0, np.int64), False,
+            resident.astype(np.int32, copy=False), n, out, self._marks)
+        return out[:min(n, eligible)], int(eligible)
+
+    def _free_slots(self, n):
+        if not (n and self._n_free):
+            return np.zeros(0, np.int32), 0
+        return np.flatnonzero(self.row_in < 0)[:n].astype(np.int32), 0
+
+
+REPLAY_BATCHES, REPLAY_BATCH, C3 = 300, 2048, 10_131_227
+AHEAD = 3   # batches the pipeline places before their step: prefetch(2) plus the map's
+
+
+def replay_stream():
+    """Per batch: its unique rows (in order of first occurrence) and its new rows; and the
+    distinct rows of the whole stream."""
+    keys = zipf_ranks(np.random.default_rng(0), C3, criteo_exponent(C3),
+                      REPLAY_BATCHES * REPLAY_BATCH).astype(np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(first.shape[0], np.int64)
+    rank[np.argsort(first)] = np.arange(first.shape[0])
+    rows = rank[inverse].astype(np.int32).reshape(REPLAY_BATCHES, REPLAY_BATCH)
+    batches, seen = [], 0
+    for batch in rows:
+        _, at = np.unique(batch, return_index=True)
+        unique = batch[np.sort(at)]
+        new = unique[unique >= seen]
+        seen = max(seen, int(unique.max()) + 1)
+        batches.append((unique, new))
+    return batches, first.shape[0]
+
+
+def replay(cache_type, batches, slots, rows):
+    """The stream through a cache; returns (placement, claim) thread CPU seconds per batch
+    and the cache."""
+    cache = cache_type("C3", slots, rows)
+    placing = claiming = 0
+    n = len(batches)
+    for i in range(n + AHEAD):
+        if i < n:
+            unique, new = batches[i]
+            start = time.thread_time()
+            with cache.lock:
+                cache.forget(new)
+            cache.prefetch(unique, i)
+            placing += time.thread_time() - start
+        j = i - AHEAD
+        if j >= 0:
+            start = time.thread_time()
+            cache.place(batches[j][0], j)
+            claiming += time.thread_time() - start
+            cache.pop_plans()
+            cache.release(j)
+            cache.settle()
+    return placing / n, claiming / n, cache
+
+
+def cache_rows(rounds: int) -> list[str]:
+    """The replay's table rows: per fast tier share, the list's cache against the scan's."""
+    batches, distinct = replay_stream()
+    out = []
+    for share in (0.1, 1.0):
+        slots = int(distinct * share)
+        caches = {}
+        times = {"list": [], "scan": []}
+        for name, cache_type in (("list", TierCache), ("scan", ScanTierCache)):
+            caches[name] = replay(cache_type, batches, slots, distinct)[2]   # compiles
+        if not (np.array_equal(caches["list"].slot_of, caches["scan"].slot_of)
+                and caches["list"].swapped_in == caches["scan"].swapped_in):
+            raise AssertionError(f"the list's and the scan's caches differ at {share:.0%}")
+        for _ in range(rounds):
+            for name, cache_type in (("list", TierCache), ("scan", ScanTierCache)):
+                placing, claiming, _ = replay(cache_type, batches, slots, distinct)
+                times[name].append((placing, claiming))
+        med = {name: [1e6 * statistics.median(t[k] for t in times[name]) for k in (0, 1)]
+               for name in times}
+        ratio = statistics.median([(a[0] + a[1]) / (b[0] + b[1])
+                                   for a, b in zip(times["scan"], times["list"])])
+        hit = caches["list"].hit_rate
+        out.append(f"| {share:.0%} | {slots:,} | {hit:.1%} | {med['scan'][0]:.0f} + "
+                   f"{med['scan'][1]:.0f} | {med['list'][0]:.0f} + {med['list'][1]:.0f} | "
+                   f"**{ratio:.2f}x** |")
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -141,6 +251,7 @@ def main() -> None:
         rows.append(f"| {slots:,} | {ms['numpy']:.2f} | {ms['kernel']:.2f} | "
                     f"{scan_speedup:.1f}x | {ms['list']:.3f} | **{list_speedup:.1f}x** |")
         print(rows[-1], flush=True)
+    replayed = cache_rows(args.rounds)
     section = "\n".join([
         SECTION, "",
         f"Command: `.venv/bin/python benchmarks/bench_tier_victims.py --rounds {args.rounds} "
@@ -175,7 +286,19 @@ def main() -> None:
         "not the tier's). The batch's own slots are marked in a scratch array the cache "
         "keeps, not sorted and searched. The first row is the size the tiered tables' "
         "benchmark uses at its 10% fast tier. Each batch with misses pays this once per "
-        "table.",
+        "table.", "",
+        f"In the cache: `bench_tiers.py`'s C3 stream ({REPLAY_BATCHES} batches of "
+        f"{REPLAY_BATCH:,} Zipf keys) through a `TierCache` as the pipeline and the step "
+        f"drive it (each batch placed early {AHEAD} batches ahead of its step, after its new "
+        f"rows are forgotten; claimed, its plans popped, released and settled at its step), "
+        f"against the same cache choosing by the scans (`ScanTierCache` in the script: the "
+        f"victims by `select_victims` over every slot's stamp, the free slots by a scan of "
+        f"every slot). Both end in the same state (checked). Thread CPU per batch, "
+        f"placement + claim, median of {args.rounds} replays each, in turn; the speed-up is "
+        f"the median of the replays' ratios.", "",
+        "| fast tier | slots | hit rate | scans, us a batch | list, us a batch | speed-up |",
+        "|---:|---:|---:|---:|---:|---:|",
+        *replayed,
     ])
     publish(section, args.write)
 
