@@ -280,3 +280,32 @@ def test_claiming_a_batch_whose_row_left_the_tier_stamps_only_its_own_slots():
     assert slots.tolist() == [first[1], -1]
     untouched = [s for s in range(4) if s != first[1]]
     np.testing.assert_array_equal(cache.last_used[untouched], last_before[untouched])
+
+
+def _from_another_thread(call, *args):
+    import threading
+
+    thread = threading.Thread(target=call, args=args)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), f"{call.__name__} waited for the lock"
+
+
+def test_a_release_behind_the_lock_is_applied_by_its_next_holder():
+    """The step's release does not wait while the pipeline's thread holds the cache's lock
+    (placing a batch early): the next holder applies it first, so a training batch's
+    settle still unpins it and an evaluation batch's slots are free for the next claim."""
+    cache = TierCache("t", 4, 50)
+    cache.place(np.array([0, 1], np.int32), 0, training=True)
+    cache.place(np.array([2, 3], np.int32), 1, training=False)
+    with cache.lock:   # as the pipeline's thread would
+        _from_another_thread(cache.release, 0)
+        _from_another_thread(cache.release, 1)
+        assert cache.pins.sum() == 4   # queued, not applied inside the section
+    # The evaluation batch's slots are free for the next claim; the training batch's stay
+    # pinned until its update has run.
+    assert sorted(cache.place(np.array([10, 11], np.int32), 2).tolist()) == [2, 3]
+    with pytest.raises(CacheFullError):
+        cache.place(np.array([20], np.int32), 3)
+    cache.settle()
+    assert cache.place(np.array([20], np.int32), 3).tolist() == [0]

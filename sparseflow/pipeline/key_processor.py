@@ -345,8 +345,10 @@ class KeyProcessor:
         tracked = row_limit if tracked_rows is None else max(1, min(tracked_rows, row_limit))
         self.last_seen = np.zeros(tracked, np.int64)
         self.clock = np.int64(-(2**63))
-        # Releases the model's gather made while the lock was held (by the input pipeline's
-        # thread, processing the next batch): applied by the next holder (_StateLock).
+        # Releases the model's gather made and updates its optimizer reported while the lock
+        # was held (by the input pipeline's thread, processing the next batch), in the order
+        # they came: applied by the next holder (_StateLock). Entries: (seq, drain) for a
+        # release, (rows, None) for an update.
         self._released: collections.deque = collections.deque()
         # What compiled ops did (ops/batch_ops.py: batches released, updates run), queued in
         # the table's registry entry; applied like the deferred releases. (entry, whether a
@@ -527,6 +529,12 @@ class KeyProcessor:
         finally:
             self.lock.release()
 
+    def _deferred(self, seq_or_rows, drain) -> None:
+        if drain is None:
+            self._updated(seq_or_rows)
+        else:
+            self._release(seq_or_rows, drain)
+
     def _release(self, seq: int, drain: bool) -> None:
         self._outstanding.discard(seq)
         self.journal.consumed(seq)
@@ -561,7 +569,7 @@ class KeyProcessor:
         """Applies the releases deferred while another thread held the lock and what
         compiled ops queued (the caller holds it)."""
         while self._released:
-            self._release(*self._released.popleft())
+            self._deferred(*self._released.popleft())
         if self._kernel_events is None:
             return
         entry, drain = self._kernel_events
@@ -597,11 +605,26 @@ class KeyProcessor:
 
     def updated(self, rows: np.ndarray) -> None:
         """An optimizer changed ``rows`` (int32, -1 skipped): marks them changed for the next
-        incremental checkpoint and frees quarantined rows no batch in flight still needs."""
-        with self.lock:
-            kk.mark_rows(self.dirty, rows)
-            if self._quarantine:
-                self._drain_quarantine()
+        incremental checkpoint and frees quarantined rows no batch in flight still needs.
+
+        Like :meth:`release`, it does not wait while another thread holds the lock (the
+        pipeline's, processing the next batch): the lock's next holder applies it first, in
+        order with the releases (a checkpoint's marks therefore include it). A device
+        table's update calls it at the end of the step."""
+        if not self.lock.acquire_now():
+            # A copy: the caller's array may be a numpy function's view of a tensor that TF
+            # frees once the function returns.
+            self._released.append((np.array(rows, np.int32), None))
+            return
+        try:
+            self._updated(rows)
+        finally:
+            self.lock.release()
+
+    def _updated(self, rows: np.ndarray) -> None:
+        kk.mark_rows(self.dirty, rows)
+        if self._quarantine:
+            self._drain_quarantine()
 
     def evict(self, eviction_threshold: int) -> EvictionResult:
         """Removes every key with ``clock - last_seen >= eviction_threshold``.

@@ -57,6 +57,39 @@ class CacheFullError(RuntimeError):
     gathered training batches waiting for their update)."""
 
 
+class _CacheLock:
+    """A :class:`TierCache`'s lock (not reentrant). Taking it first applies the releases
+    :meth:`TierCache.release` left while another thread held it, so that whoever holds it
+    sees every batch gathered."""
+
+    __slots__ = ("_lock", "_cache")
+
+    def __init__(self, cache: "TierCache"):
+        self._lock = threading.Lock()
+        self._cache = cache
+
+    def __enter__(self):
+        self._lock.acquire()
+        self._cache._apply_deferred()   # noqa: SLF001
+        return self
+
+    def __exit__(self, *exc_info):
+        self._lock.release()
+        return False
+
+    def acquire_now(self) -> bool:
+        """Takes the lock if it is free, without waiting (then as ``with``); True when
+        taken. Pair with :meth:`release`."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        self._cache._apply_deferred()   # noqa: SLF001
+        return True
+
+    def release(self) -> None:
+        """Leaves the lock taken by :meth:`acquire_now`."""
+        self._lock.release()
+
+
 @dataclass(frozen=True)
 class SwapPlan:
     """The moves of one batch: rows ``out_rows`` leave slots ``out_slots`` (written back to
@@ -113,7 +146,10 @@ class TierCache:
         # so the queued move in is cancelled instead of writing the slot back.
         self._entering = np.zeros(self.slots, np.bool_)
         self._marks = np.zeros(self.slots, np.bool_)         # select_victims' scratch
-        self.lock = threading.Lock()
+        self.lock = _CacheLock(self)
+        # Batches released while another thread held the lock (the pipeline's, placing a
+        # batch early): applied by the lock's next holder.
+        self._deferred: deque[int] = deque()
         self.swapped_in = 0
         self.swapped_out = 0
         self.hits = 0
@@ -341,15 +377,31 @@ class TierCache:
 
     def release(self, seq: int) -> None:
         """Marks batch ``seq`` gathered: an evaluation batch's slots are unpinned now, a
-        training batch's at :meth:`settle`, after its update."""
-        with self.lock:
-            seq = int(seq)
-            if seq not in self._pinned:
-                return
-            if self._training.get(seq, True):
-                self._released.append(seq)
-            else:
-                self._unpin(seq)
+        training batch's at :meth:`settle`, after its update.
+
+        It runs between the step's gather and what reads the gathered rows, so it does not
+        wait while the input pipeline's thread holds the lock (placing a batch early, ~0.1
+        ms): the lock's next holder applies it first (a settle, a claim, a placement)."""
+        if not self.lock.acquire_now():
+            self._deferred.append(int(seq))
+            return
+        try:
+            self._release(int(seq))
+        finally:
+            self.lock.release()
+
+    def _release(self, seq: int) -> None:
+        if seq not in self._pinned:
+            return
+        if self._training.get(seq, True):
+            self._released.append(seq)
+        else:
+            self._unpin(seq)
+
+    def _apply_deferred(self) -> None:
+        """Applies the releases left for the lock's holder (the caller)."""
+        while self._deferred:
+            self._release(self._deferred.popleft())
 
     def settle(self) -> None:
         """Unpins the slots of every released batch (their updates have run)."""
