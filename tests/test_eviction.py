@@ -9,6 +9,7 @@ from sparseflow.embed.initializers import init_rows
 from sparseflow.optimizers import gradient_descent, lazy_adam
 from sparseflow.pipeline.key_processor import KeyProcessor
 from tests.pipeline_utils import run_all
+from tests.thread_utils import returns_while_locked
 
 
 def _no_hidden_prefetch(ds):
@@ -461,16 +462,6 @@ def test_a_release_queued_during_a_locked_section_is_applied_after_it_not_inside
     assert total() == 6
 
 
-def _from_another_thread(call, *args):
-    """Runs ``call(*args)`` on another thread; fails if it does not return within 5 s."""
-    import threading
-
-    thread = threading.Thread(target=call, args=args)
-    thread.start()
-    thread.join(5)
-    assert not thread.is_alive(), f"{call.__name__} waited for the lock"
-
-
 def test_an_update_behind_the_lock_is_left_to_its_next_holder_in_order_with_releases():
     """The optimizer's bookkeeping does not wait while the pipeline's thread holds the lock
     (processing the next batch): its marks and drain are applied by the lock's next holder,
@@ -485,14 +476,14 @@ def test_an_update_behind_the_lock_is_left_to_its_next_holder_in_order_with_rele
     processor.mark_saved()
     processor.evict(0)   # every key is stale: their rows wait for batches 0 and 1
     with processor.lock:   # as the pipeline's thread would, processing the next batch
-        _from_another_thread(processor.release, first.seq, False)
-        _from_another_thread(processor.updated, first.rows)
-        _from_another_thread(processor.release, second.seq, False)
+        returns_while_locked(processor.release, first.seq, False)
+        returns_while_locked(processor.updated, first.rows)
+        returns_while_locked(processor.release, second.seq, False)
         assert not processor.dirty.any()   # queued, not applied inside the section
     # Batch 1's update has not run: its rows stay out of use although it was released.
     assert processor.rows_waiting == 4
     with processor.lock:
-        _from_another_thread(processor.updated, second.rows)
+        returns_while_locked(processor.updated, second.rows)
     assert processor.rows_waiting == 0
     marks = processor.take_marks()
     assert np.flatnonzero(marks).tolist() == sorted(first.rows.tolist() + second.rows.tolist())

@@ -12,6 +12,8 @@ import pytest
 
 from sparseflow.pipeline.tier_cache import CacheFullError, TierCache
 
+from tests.thread_utils import returns_while_locked
+
 
 def _execute(plans, device, host, gen=None):
     """As the training step does: every write-back (unless the row was reused since), then
@@ -282,15 +284,6 @@ def test_claiming_a_batch_whose_row_left_the_tier_stamps_only_its_own_slots():
     np.testing.assert_array_equal(cache.last_used[untouched], last_before[untouched])
 
 
-def _from_another_thread(call, *args):
-    import threading
-
-    thread = threading.Thread(target=call, args=args)
-    thread.start()
-    thread.join(5)
-    assert not thread.is_alive(), f"{call.__name__} waited for the lock"
-
-
 def test_a_release_behind_the_lock_is_applied_by_its_next_holder():
     """The step's release does not wait while the pipeline's thread holds the cache's lock
     (placing a batch early): the next holder applies it first, so a training batch's
@@ -299,8 +292,8 @@ def test_a_release_behind_the_lock_is_applied_by_its_next_holder():
     cache.place(np.array([0, 1], np.int32), 0, training=True)
     cache.place(np.array([2, 3], np.int32), 1, training=False)
     with cache.lock:   # as the pipeline's thread would
-        _from_another_thread(cache.release, 0)
-        _from_another_thread(cache.release, 1)
+        returns_while_locked(cache.release, 0)
+        returns_while_locked(cache.release, 1)
         assert cache.pins.sum() == 4   # queued, not applied inside the section
     # The evaluation batch's slots are free for the next claim; the training batch's stay
     # pinned until its update has run.
