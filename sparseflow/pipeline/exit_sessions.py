@@ -39,8 +39,10 @@ def delete_live_sessions() -> int:
     """
     gc.collect()
     base = _session_base()
+    # By type, not isinstance: gc lists weak proxies too, and asking a dead one its class
+    # raises ReferenceError (a proxy is never a session itself).
     live = [obj for obj in gc.get_objects()
-            if isinstance(obj, base) and obj._session is not None]  # noqa: SLF001
+            if issubclass(type(obj), base) and obj._session is not None]  # noqa: SLF001
     for session in live:
         session.__del__()
     return len(live)
