@@ -9,7 +9,7 @@ from sparseflow.embed.initializers import init_rows
 from sparseflow.optimizers import gradient_descent, lazy_adam
 from sparseflow.pipeline.key_processor import KeyProcessor
 from tests.pipeline_utils import run_all
-from tests.thread_utils import returns_while_locked
+from tests.thread_utils import returns_while_locked, started_thread
 
 
 def _no_hidden_prefetch(ds):
@@ -487,3 +487,35 @@ def test_an_update_behind_the_lock_is_left_to_its_next_holder_in_order_with_rele
     assert processor.rows_waiting == 0
     marks = processor.take_marks()
     assert np.flatnonzero(marks).tolist() == sorted(first.rows.tolist() + second.rows.tolist())
+
+
+def test_an_update_after_a_compiled_gathers_release_frees_what_the_release_allows():
+    """A table read by compiled gathers gets their releases through the registry's queue;
+    its numpy-function update comes after them. Even when the pipeline's thread holds the
+    lock, the update's drain must see the release (the rows the batch held are free once
+    its update ran), as it does when the lock is free."""
+    import numba
+
+    from sparseflow.ops import table_registry as registry
+
+    @numba.njit
+    def push_released(slot, seq):
+        registry.push_released(slot, seq)
+
+    entry = registry.TableEntry("t")
+    try:
+        entry.publish(np.zeros((8, 1), np.float32))
+        processor = KeyProcessor("t", 8, None, lambda rows, keys: None)
+        processor.track_in_flight = True
+        processor.take_kernel_events(entry, lambda: False)   # an optimizer is bound
+        batch = processor.process(np.arange(4, dtype=np.int64), np.array([4]),
+                                  np.ones(1, np.int32), train=True, timestamp=1)
+        processor.evict(0)   # the 4 rows wait for the batch
+        with processor.lock:   # the pipeline's thread, processing the next batch
+            push_released(entry.slot, batch.seq)   # the compiled gather's release
+            update = started_thread(processor.updated, batch.rows)   # may wait for the lock
+        update.join(5)
+        assert not update.is_alive()
+        assert processor.rows_waiting == 0 and processor.rows_free == 8
+    finally:
+        entry.close()
