@@ -105,3 +105,31 @@ def test_a_placement_without_room_leaves_the_free_slots_to_the_next():
     cache.prefetch(np.arange(10, 14, dtype=np.int32), 1)  # 4 rows, 2 free slots: no room
     assert 1 not in cache._read_ahead                      # noqa: SLF001
     assert cache.place(np.array([20, 21], np.int32), 2).tolist() == [2, 3]
+
+
+def test_a_slot_touched_twice_moves_once_and_the_list_stays_whole():
+    """Repeated slots in one touch (a batch with a row twice) used to link a slot twice:
+    a cycle the walk never left."""
+    nxt, prv = lru_list.empty(4)
+    lru_list.touch(nxt, prv, np.array([0, 1, 2, 3], np.int32))
+    for slots in ([0, 3, 0, 0], [1, 1, 1], [2, 3, 3], [3, -1, 3, 0]):
+        lru_list.touch(nxt, prv, np.array(slots, np.int32))
+        order, s = [], nxt[4]
+        while s != 4 and len(order) <= 4:
+            order.append(int(s))
+            s = nxt[s]
+        assert sorted(order) == [0, 1, 2, 3]
+        firsts = list(dict.fromkeys(x for x in slots if x >= 0))
+        assert order[-len(firsts):] == firsts   # moved to the newest end, first places
+    out = np.empty(4, np.int32)
+    assert lru_list.victims(nxt, prv, np.zeros(4, np.int32), np.zeros(4, np.bool_),
+                            np.zeros(0, np.int32), 4, 0, out) == 4
+
+
+def test_a_broken_list_stops_the_walk_instead_of_looping():
+    cache = TierCache("t", 3, 20)
+    cache.place(np.array([0, 1, 2], np.int32), 0)   # pinned: never a victim
+    nxt, _ = cache._lru   # noqa: SLF001
+    nxt[nxt[3]] = nxt[3]   # the oldest slot points at itself
+    with pytest.raises(RuntimeError, match="LRU list is broken"):
+        cache.place(np.array([5], np.int32), 1)

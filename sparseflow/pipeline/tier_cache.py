@@ -70,7 +70,7 @@ class _CacheLock:
 
     def __enter__(self):
         self._lock.acquire()
-        self._cache._apply_deferred()   # noqa: SLF001
+        self._entered()
         return self
 
     def __exit__(self, *exc_info):
@@ -82,12 +82,19 @@ class _CacheLock:
         taken. Pair with :meth:`release`."""
         if not self._lock.acquire(blocking=False):
             return False
-        self._cache._apply_deferred()   # noqa: SLF001
+        self._entered()
         return True
 
     def release(self) -> None:
         """Leaves the lock taken by :meth:`acquire_now`."""
         self._lock.release()
+
+    def _entered(self) -> None:
+        try:
+            self._cache._apply_deferred()   # noqa: SLF001
+        except BaseException:
+            self._lock.release()   # the caller never entered: it must not keep the lock
+            raise
 
 
 @dataclass(frozen=True)
@@ -366,6 +373,9 @@ class TierCache:
             if self._lru is not None:
                 eligible = lru_list.victims(*self._lru, self.pins, self._marks, resident, n,
                                             enough, out)
+                if eligible < 0:
+                    raise RuntimeError(f"Table `{self.table_name}`: the fast tier's LRU list "
+                                       f"is broken (a cycle); no row moved.")
             else:
                 eligible = tier_kernels.select_victims(
                     self.pins, self.row_in, self.last_used, self.uses, True, resident, n, out,
