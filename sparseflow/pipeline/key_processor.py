@@ -24,6 +24,7 @@ from sparseflow.ops import key_kernels as kk
 from sparseflow.ops.count_min import CountMinSketch
 from sparseflow.ops.hash_index import HashIndex
 from sparseflow.ops.table_registry import DRAIN
+from sparseflow.pipeline.catch_up_lock import CatchUpLock
 from sparseflow.pipeline.read_ahead import BatchEffects, ReadAheadJournal, RolledBack
 
 
@@ -152,51 +153,6 @@ def borrow_scratch():
     """A context manager lending a :class:`BatchScratch` to the calling code until it exits;
     what the scratch holds must not be used after that."""
     return _POOL.borrow()
-
-
-class _StateLock:
-    """A key processor's lock (reentrant). Taking it first applies the releases that
-    :meth:`KeyProcessor.release` left while another thread held it, so that whoever holds it
-    sees every batch the model has read. Only the outermost entry applies them: a section
-    that re-enters (a property read under the lock) sees the state it started with."""
-
-    __slots__ = ("_lock", "_processor", "_depth")
-
-    def __init__(self, processor: "KeyProcessor"):
-        self._lock = threading.RLock()
-        self._processor = processor
-        self._depth = 0   # entries of the holding thread (only it changes this)
-
-    def __enter__(self):
-        self._lock.acquire()
-        self._entered()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.release()
-        return False
-
-    def acquire_now(self) -> bool:
-        """Takes the lock if it is free, without waiting; True when taken (then entered:
-        deferred releases applied). Pair with :meth:`release`."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        self._entered()
-        return True
-
-    def release(self) -> None:
-        """Leaves one entry (of ``with`` or :meth:`acquire_now`)."""
-        self._depth -= 1
-        self._lock.release()
-
-    def _entered(self) -> None:
-        self._depth += 1
-        if self._depth == 1 and self._processor.has_deferred_releases():
-            try:
-                self._processor._apply_released()   # noqa: SLF001
-            except BaseException:
-                self.release()
-                raise
 
 
 def dedup_keys(keys: np.ndarray, seg_ends: np.ndarray, seg_coefs: np.ndarray):
@@ -347,14 +303,13 @@ class KeyProcessor:
         self.clock = np.int64(-(2**63))
         # Releases the model's gather made and updates its optimizer reported while the lock
         # was held (by the input pipeline's thread, processing the next batch), in the order
-        # they came: applied by the next holder (_StateLock). Entries: (seq, drain) for a
-        # release, (rows, None) for an update.
+        # they came: applied by the next holder (CatchUpLock). Entries: (method, arguments).
         self._released: collections.deque = collections.deque()
         # What compiled ops did (ops/batch_ops.py: batches released, updates run), queued in
         # the table's registry entry; applied like the deferred releases. (entry, whether a
         # release drains) once attached.
         self._kernel_events = None
-        self.lock = _StateLock(self)
+        self.lock = CatchUpLock(self.has_deferred_releases, self._apply_released)
         # In-flight tracking (on for a table that trains: the table turns it on): every call
         # gets a sequence number; the model's gather releases it. Rows freed by an eviction
         # wait in the quarantine until no batch processed before that eviction is still
@@ -522,18 +477,12 @@ class KeyProcessor:
         # step's critical path (0.3 ms per 26-table step, BENCHMARKS.md): the release is
         # left to the lock's next holder instead, which applies it before anything else.
         if not self.lock.acquire_now():
-            self._released.append((int(seq), bool(drain)))
+            self._released.append((self._release, (int(seq), bool(drain))))
             return
         try:
             self._release(int(seq), drain)
         finally:
             self.lock.release()
-
-    def _deferred(self, seq_or_rows, drain) -> None:
-        if drain is None:
-            self._updated(seq_or_rows)
-        else:
-            self._release(seq_or_rows, drain)
 
     def _release(self, seq: int, drain: bool) -> None:
         self._outstanding.discard(seq)
@@ -569,7 +518,8 @@ class KeyProcessor:
         """Applies the releases deferred while another thread held the lock and what
         compiled ops queued (the caller holds it)."""
         while self._released:
-            self._deferred(*self._released.popleft())
+            method, args = self._released.popleft()
+            method(*args)
         if self._kernel_events is None:
             return
         entry, drain = self._kernel_events
@@ -621,7 +571,7 @@ class KeyProcessor:
         if not self.lock.acquire_now():
             # A copy: the caller's array may be a numpy function's view of a tensor that TF
             # frees once the function returns.
-            self._released.append((np.array(rows, np.int32), None))
+            self._released.append((self._updated, (np.array(rows, np.int32),)))
             return
         try:
             self._updated(rows)

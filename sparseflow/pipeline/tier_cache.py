@@ -37,13 +37,13 @@ overwriting the new row's initial values at home.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from sparseflow.ops import lru_list, tier_kernels
+from sparseflow.pipeline.catch_up_lock import CatchUpLock
 
 POLICIES = ("lru", "lfu")
 # A batch read ahead this many sequence numbers behind a claimed one was abandoned (its
@@ -55,46 +55,6 @@ _NO_USES = np.zeros(0, np.int64)   # LRU scores need no use counts
 class CacheFullError(RuntimeError):
     """The fast tier cannot hold the unique rows of the batches a step gathers (and those of
     gathered training batches waiting for their update)."""
-
-
-class _CacheLock:
-    """A :class:`TierCache`'s lock (not reentrant). Taking it first applies the releases
-    :meth:`TierCache.release` left while another thread held it, so that whoever holds it
-    sees every batch gathered."""
-
-    __slots__ = ("_lock", "_cache")
-
-    def __init__(self, cache: "TierCache"):
-        self._lock = threading.Lock()
-        self._cache = cache
-
-    def __enter__(self):
-        self._lock.acquire()
-        self._entered()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._lock.release()
-        return False
-
-    def acquire_now(self) -> bool:
-        """Takes the lock if it is free, without waiting (then as ``with``); True when
-        taken. Pair with :meth:`release`."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        self._entered()
-        return True
-
-    def release(self) -> None:
-        """Leaves the lock taken by :meth:`acquire_now`."""
-        self._lock.release()
-
-    def _entered(self) -> None:
-        try:
-            self._cache._apply_deferred()   # noqa: SLF001
-        except BaseException:
-            self._lock.release()   # the caller never entered: it must not keep the lock
-            raise
 
 
 @dataclass(frozen=True)
@@ -153,10 +113,10 @@ class TierCache:
         # so the queued move in is cancelled instead of writing the slot back.
         self._entering = np.zeros(self.slots, np.bool_)
         self._marks = np.zeros(self.slots, np.bool_)         # select_victims' scratch
-        self.lock = _CacheLock(self)
         # Batches released while another thread held the lock (the pipeline's, placing a
         # batch early): applied by the lock's next holder.
         self._deferred: deque[int] = deque()
+        self.lock = CatchUpLock(lambda: bool(self._deferred), self._apply_deferred)
         self.swapped_in = 0
         self.swapped_out = 0
         self.hits = 0
