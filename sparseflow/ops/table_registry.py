@@ -333,6 +333,12 @@ class TableEntry:
             _REGISTRY[self.slot, STEPS] = int(steps)
         self._closed_steps = int(steps)
 
+    def queue_drain(self) -> None:
+        """Queues, after what ops queued, that an update of the rows ran (from Python, as a
+        compiled update does); nothing once closed."""
+        if not self._closed:
+            push_drain(self.slot)
+
     def count_step(self) -> int:
         """Counts one more update (from Python); returns its step (1-based)."""
         if self._closed:

@@ -560,13 +560,13 @@ class KeyProcessor:
         Like :meth:`release`, it does not wait while another thread holds the lock (the
         pipeline's, processing the next batch): the lock's next holder applies it first, in
         order with the releases (a checkpoint's marks therefore include it). A device
-        table's update calls it at the end of the step. Not so for a table read by compiled
-        gathers: their releases come through the registry's queue, which the next holder
-        applies after this one's, so an update queued behind them would drain before the
-        release of its own batch (and free nothing): it waits for the lock."""
+        table's update calls it at the end of the step. A table read by compiled gathers
+        gets their releases through its registry queue: there it reports as a compiled
+        update does, its marks set in place and its drain queued after those releases (its
+        own batch's among them)."""
         if self._kernel_events is not None:
-            with self.lock:
-                self._updated(rows)
+            kk.mark_rows(self.dirty, rows)   # a fixed-capacity table's marks never move
+            self._kernel_events[0].queue_drain()
             return
         if not self.lock.acquire_now():
             # A copy: the caller's array may be a numpy function's view of a tensor that TF
