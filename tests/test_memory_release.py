@@ -10,6 +10,7 @@ Estimator's train/evaluate cycles, a sweep, a notebook) kept every run's tables.
 """
 
 import gc
+import weakref
 
 import keras
 import numpy as np
@@ -20,15 +21,17 @@ import sparseflow as sf
 from sparseflow import tf2
 from sparseflow.custom_gradient import custom_gradient
 from sparseflow.keras import SparseEmbedding
+from sparseflow.pipeline.exit_sessions import live_objects
 from sparseflow.pipeline.key_processor import KeyProcessor
 from tests.pipeline_utils import train_pooled_lazy_adam, two_table_data
 
 B, STEPS = 16, 4
 
 
-def _live_key_processors() -> int:
-    gc.collect()
-    return sum(isinstance(o, KeyProcessor) for o in gc.get_objects())
+def _live_key_processors() -> weakref.WeakSet:
+    """The key processors alive now, held weakly: one an earlier test left, freed meanwhile,
+    drops out of a set taken before as it does out of one taken after."""
+    return weakref.WeakSet(live_objects(KeyProcessor))
 
 
 def _session_run():

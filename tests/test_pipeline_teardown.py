@@ -6,7 +6,6 @@ leaves it.
 
 The subprocess time limits are hang guards only, not timing assertions."""
 
-import gc
 import io
 import os
 import re
@@ -20,6 +19,7 @@ import tensorflow as tf
 import sparseflow as sf
 from sparseflow.jobs import runner
 from sparseflow.jobs.schema import load_config
+from sparseflow.pipeline.exit_sessions import live_objects
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
@@ -92,10 +92,8 @@ def test_a_session_script_exits_with_the_pipelines_error(tmp_path):
 
 def test_a_failed_run_releases_its_session_before_the_error_leaves(tmp_path):
     def live_sessions():
-        gc.collect()
         # _session: the C session, set to None when TensorFlow deletes it.
-        return {id(o) for o in gc.get_objects()
-                if isinstance(o, tf.compat.v1.Session) and o._session is not None}
+        return {id(o) for o in live_objects(tf.compat.v1.Session) if o._session is not None}
 
     before = live_sessions()
     try:

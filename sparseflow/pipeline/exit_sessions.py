@@ -28,6 +28,17 @@ def _session_base() -> type:
     return next(c for c in tf.compat.v1.Session.__mro__ if c.__name__ == "BaseSession")
 
 
+def live_objects(cls: type) -> list:
+    """Every object the garbage collector tracks whose type is ``cls`` or a subclass of it,
+    after a collection.
+
+    By type, not ``isinstance``: gc lists weak proxies too, and asking a dead one its class
+    raises ReferenceError (a proxy is never an instance itself).
+    """
+    gc.collect()
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
+
+
 def delete_live_sessions() -> int:
     """Deletes every TF session (``tf.compat.v1.Session``, ``InteractiveSession``) not
     deleted yet: ``close()`` keeps the C session; ``__del__`` deletes it (TF's
@@ -37,12 +48,8 @@ def delete_live_sessions() -> int:
     Returns:
       The number of sessions deleted.
     """
-    gc.collect()
-    base = _session_base()
-    # By type, not isinstance: gc lists weak proxies too, and asking a dead one its class
-    # raises ReferenceError (a proxy is never a session itself).
-    live = [obj for obj in gc.get_objects()
-            if issubclass(type(obj), base) and obj._session is not None]  # noqa: SLF001
+    live = [obj for obj in live_objects(_session_base())
+            if obj._session is not None]  # noqa: SLF001
     for session in live:
         session.__del__()
     return len(live)

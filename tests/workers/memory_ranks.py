@@ -10,7 +10,6 @@ steps in a custom loop under tf.distribute.MultiWorkerMirroredStrategy. Each ran
 ``OUT_DIR/rank{r}.json``: the live key processors before the first run and after each.
 """
 
-import gc
 import json
 import os
 import sys
@@ -22,14 +21,14 @@ import tensorflow as tf  # noqa: E402
 
 from sparseflow import tf2  # noqa: E402
 from sparseflow.distributed.ranks import detect  # noqa: E402
+from sparseflow.pipeline.exit_sessions import live_objects  # noqa: E402
 from sparseflow.pipeline.key_processor import KeyProcessor  # noqa: E402
 
 GLOBAL_BATCH, STEPS = 16, 3
 
 
 def live_key_processors() -> int:
-    gc.collect()
-    return sum(isinstance(o, KeyProcessor) for o in gc.get_objects())
+    return len(live_objects(KeyProcessor))
 
 
 def one_run(strategy, ranks, face: str, seed: int) -> float:
