@@ -178,15 +178,17 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None, mod
                 out.set_shape(id_tensor.shape.concatenate([hashtable.dim]))
                 return out
     return _lookup(hashtable, rows, restore, batch_seq(batch, hashtable.table_name),
-                   id_tensor, name, is_train and is_grad, serving_default_value, is_train)
+                   id_tensor, name, is_train and is_grad, serving_default_value, is_train,
+                   batch)
 
 
 def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_default_value,
-            is_train):
+            is_train, batch=None):
     """Gathers the unique rows once per batch, expands them with ``restore`` and reshapes
-    to ``id_tensor.shape + [dim]``."""
+    to ``id_tensor.shape + [dim]``. ``batch``: the batch dict (None in automatic graph
+    modification), through which a batch's tiered device tables share their claim."""
     with tf.name_scope(name or f"{table.table_name}_lookup"):
-        unique_emb = _unique_embeddings(table, rows, seq)
+        unique_emb = _unique_embeddings(table, rows, seq, batch)
         if is_train and table.expands:
             _add_local_embeddings(table, rows, unique_emb)
         if serving_default_value is not None:
@@ -201,13 +203,14 @@ def _lookup(table, rows, restore, seq, id_tensor, name, with_grad, serving_defau
         return out
 
 
-def _unique_embeddings(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
+def _unique_embeddings(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor,
+                       batch: dict | None) -> tf.Tensor:
     # Lookups of one table on one batch share one gather (and one gradient).
     cache = graph_cache(rows.graph, "unique_embeddings")
     key = (table.table_name, rows.name)
     if key not in cache:
-        gather = _device_gather if table.rows_on == "device" else _host_gather
-        cache[key] = gather(table, rows, seq)
+        cache[key] = (_device_gather(table, rows, seq, batch) if table.rows_on == "device"
+                      else _host_gather(table, rows, seq))
     return cache[key]
 
 
@@ -294,12 +297,14 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
     return gather(table.gradient_anchor(), rows)
 
 
-def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tensor:
+def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor,
+                   batch: dict | None) -> tf.Tensor:
     """The unique rows of a device table's batch, gathered from its variables.
 
     A table holding every row on the device writes the rows the key processor assigned since
-    the last step first (:func:`_pending_device_gather`); a table over a host tier runs the
-    queued swaps first (:func:`_tiered_device_gather`). The gradient is an ``IndexedSlices``
+    the last step first (:func:`_pending_device_gather`); a table over a host tier claims its
+    fast slots and runs the queued swaps first, with the batch's other tiered device tables
+    (``tiered_lookup.py``). The gradient is an ``IndexedSlices``
     over the batch's rows (slots), as for host tables; it depends on the gather, so that an
     update built from it never overwrites the rows before the batch has read them.
     """
@@ -307,7 +312,9 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
     device_rows = store.rows_in(rows.graph)
     dim = table.dim
     if table.tiers is not None:
-        gathered, rows = _tiered_device_gather(table, device_rows, rows, seq)
+        # Imported here: tiered_lookup builds on this module's helpers.
+        from sparseflow.tiered_lookup import tiered_gather
+        gathered, rows = tiered_gather(table, rows, seq, batch)
     else:
         gathered = _pending_device_gather(table, device_rows, rows, seq)
     # The optimizer needs no dedup for these rows (or a tiered table's fast slots): the
@@ -332,36 +339,6 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Te
     out = attach(table.gradient_anchor(), gathered)
     out.set_shape(rows.shape.concatenate([dim]))
     return out
-
-
-def _tiered_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
-                          seq: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """A device table over a host tier: the batch claims its fast slots (placed now unless
-    the pipeline placed them early), the queued swaps (this one's included) run, then the
-    gather reads the batch's slots, then the batch is released (its slots stay pinned until
-    its update has run). Returns (the gathered rows, the slots)."""
-    tiers = table.tiers
-
-    @tf.autograph.experimental.do_not_convert
-    def claim(rows, seq):
-        return tiers.place(rows, int(seq))
-
-    # Built now on the rows and seq (placeholders in modify-graph mode, rewired later).
-    slots = tf.numpy_function(claim, [rows, seq], tf.int32, stateful=True,
-                              name=f"sparseflow_claim_{table.table_name}")
-    slots.set_shape(rows.shape)
-    gathered = device_rows.gather(read_after(tier_swaps(table, device_rows, slots), slots))
-
-    @tf.autograph.experimental.do_not_convert
-    def release(seq):
-        table.release_batch(int(seq), drain=table.rows.optimizer is None)
-        return np.int64(0)
-
-    with tf.control_dependencies([gathered]):
-        released = tf.numpy_function(release, [seq], tf.int64, stateful=True,
-                                     name=f"sparseflow_release_{table.table_name}")
-    with tf.control_dependencies([released]):
-        return tf.identity(gathered), slots
 
 
 def _pending_device_gather(table: SparseTable, device_rows, rows: tf.Tensor,
@@ -412,18 +389,6 @@ def pending_rows_written(table: SparseTable, device_rows, trigger: tf.Tensor,
             return tf.identity(new_rows)
 
     return device_rows.exclusive(pop_and_initialize)
-
-
-def tier_swaps(table: SparseTable, device_rows, slots: tf.Tensor) -> tf.Operation:
-    """The op after which a device table over a host tier has run its queued swaps (the
-    claim of ``slots`` queued this batch's), in the table's critical section: the swaps of
-    two lookups of the table in one run must not interleave (one's swap in of a row would
-    read its home before the other's write-back of it). Through an identity made now, so
-    that swaps built later (once the slot layout is fixed) wait for the claim."""
-    tiers = table.tiers
-    after = tf.identity(slots)
-    return device_rows.when_laid_out(lambda: device_rows.exclusive(
-        lambda: device_rows.swap(tiers.take, tiers.write_back_and_read, after=after)))
 
 
 def read_after(dependency, rows: tf.Tensor) -> tf.Tensor:

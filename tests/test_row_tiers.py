@@ -236,3 +236,75 @@ def test_reserve_memory_of_a_tiered_table_keeps_the_rows(kind, tmp_path):
     assert before[0].shape[0] > 50
     np.testing.assert_array_equal(after[0], before[0])
     np.testing.assert_array_equal(after[1], before[1])
+
+
+_NUMPY_FUNCTION_TYPES = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+
+
+def _numpy_functions(graph, name: str) -> list:
+    """The numpy function nodes of ``graph`` whose own name starts with ``name``."""
+    return [op.name for op in graph.get_operations()
+            if op.type in _NUMPY_FUNCTION_TYPES and op.name.split("/")[-1].startswith(name)]
+
+
+def test_a_batchs_tiered_device_tables_share_one_claim_swap_and_release():
+    """Two tiered device tables, three lookups: each step boundary into Python (the claim,
+    the take of the queued moves, the homes' write-back and read, the release) is one numpy
+    function for the batch, not one per table. (Their training is checked against host rows
+    above, with these same two tables.)"""
+    data = _data(seed=3, steps=4)
+    with tf.Graph().as_default() as graph:
+        sf.init()
+        specs = [sf.FeatureSpec(f, table_name=t) for f, t in (("f1", "t1"), ("f2", "t1"),
+                                                                ("f3", "t2"))]
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        tiers = _tiers("device_over_host", None)
+        tables = {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
+                  for name, dim in (("t1", D1), ("t2", D2))}
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f2", "f3")}, B, specs)
+        batch = it.get_next()
+        embs = [sf.sparse_lookup(tables[s.table_name], s, batch=batch) for s in specs]
+        loss = sum(tf.reduce_sum(e * e) for e in embs)
+        train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            list(zip(tf.gradients(loss, list(tables.values())), tables.values())))
+        sf.start_asc_pipeline()
+        counts = {name: len(_numpy_functions(graph, name))
+                  for name in ("sparseflow_claim", "take_swaps", "swap_homes",
+                               "sparseflow_release")}
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            for _ in range(4):
+                sess.run(train)
+            stats = {name: t.stats() for name, t in tables.items()}
+        sf.terminate_config_initializer()
+    assert counts == {"sparseflow_claim": 1, "take_swaps": 1, "swap_homes": 1,
+                      "sparseflow_release": 1}
+    assert all(s["rows_swapped_in"] > 0 for s in stats.values())   # both tables went through
+
+
+def test_a_tiered_device_table_no_lookup_reads_pins_nothing():
+    """t2's keys are in the batches (its spec is in the insert function) but no lookup reads
+    it, so no update ever settles its batches: claiming them would pin its 150 fast slots
+    for good after a few batches (a CacheFullError). Only the tables looked up are claimed."""
+    data = _data(seed=4, steps=20)
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        tiers = _tiers("device_over_host", None)
+        tables = {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
+                  for name, dim in (("t1", D1), ("t2", D2))}
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
+        emb = sf.sparse_lookup(tables["t1"], specs[0], batch=it.get_next())
+        loss = tf.reduce_sum(emb * emb)
+        train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            [(tf.gradients(loss, tables["t1"])[0], tables["t1"])])
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            losses = [sess.run([train, loss])[1] for _ in range(20)]
+            t2 = tables["t2"].tiers.cache
+            claimed, released = dict(t2._pinned), list(t2._released)
+        sf.terminate_config_initializer()
+    assert losses[-1] < losses[0]
+    assert claimed == {} and released == []

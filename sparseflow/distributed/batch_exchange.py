@@ -170,7 +170,8 @@ class BatchExchange:
         [E, width])]``, each entry's flat place in the reply and its row (zeros where the
         key owns none). ``span``: the forward's ``WatchSpan``, whose end a failing numpy
         function reports."""
-        from sparseflow.lookup import pending_rows_written, read_after, tier_swaps
+        from sparseflow.lookup import pending_rows_written, read_after
+        from sparseflow.tiered_lookup import tier_swaps
 
         reads = []
         router, router_ref = self.router, self._router
@@ -187,7 +188,7 @@ class BatchExchange:
                 span.guard(entries_of), [self.token], [tf.int32, tf.int32, tf.int64],
                 stateful=True, name=f"sparseflow_owner_entries_{table.table_name}")
             rows.set_shape([None])
-            gate = (tier_swaps(table, device_rows, rows) if table.tiers is not None
+            gate = (tier_swaps([table], [rows]) if table.tiers is not None
                     else pending_rows_written(table, device_rows, rows, release=False))
             unique = device_rows.gather(tf.maximum(read_after(gate, rows), 0))
             owned = tf.cast(tf.gather(rows, restore) >= 0, tf.float32)[:, None]

@@ -37,6 +37,7 @@ import tensorflow as tf
 from sparseflow.embed.initializers import InitSpec, init_rows
 from sparseflow.embed.pending_rows import PendingRows
 from sparseflow.ops import init_kernels
+from sparseflow.pipeline.graph_cache import graph_cache
 
 # Every variable a DeviceRows creates. sparseflow.Saver leaves them out of the dense TF
 # checkpoint: the sparse checkpoint holds the rows by key, in the host layout.
@@ -53,6 +54,44 @@ def add_control_input(op: tf.Operation, dependency: tf.Operation) -> None:
     wrapped here so that a TF upgrade breaks one place and one test). Only before a session
     has run ``op``."""
     op._add_control_input(dependency)  # noqa: SLF001
+
+
+def when_laid_out(members: list, build) -> tf.Operation:
+    """A gate op that runs after ``build()`` (a tensor or op), built once the slot layout of
+    every one of ``members`` (:class:`DeviceRows` of one graph) is fixed: now if their
+    host-side ops exist, else by the last of their :meth:`DeviceRows.build_io`
+    (``start_asc_pipeline``), which attaches it to the gate. A lookup built before the sparse
+    optimizer (whose slots the ops must move too) waits on the gate."""
+    graph = members[0].graph
+    waiting = [m for m in members if not m.io_built]
+    with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None):
+        if not waiting:
+            with tf.control_dependencies([build()]):
+                return tf.no_op(name="laid_out")
+        gate = tf.no_op(name="laid_out")
+    built = []
+
+    def build_once():   # every waiting member calls it; the last one laid out builds
+        if built or not all(m.io_built for m in members):
+            return None
+        built.append(build())
+        return built[0]
+
+    for member in waiting:
+        member._deferred.append((build_once, gate))  # noqa: SLF001
+    return gate
+
+
+def tier_swap_section(graph) -> tf.CriticalSection:
+    """The critical section every tiered table's swaps in ``graph`` run under: two lookups'
+    swaps in one run must not interleave (one's move of a row into the fast tier would read
+    its home before the other's write-back of it), whichever tables each one moves."""
+    cache = graph_cache(graph, "tier_swap_section")
+    if "section" not in cache:
+        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None), \
+                tf.device("/CPU:0"):
+            cache["section"] = tf.CriticalSection(name="tier_swaps")
+    return cache["section"]
 
 
 class DeviceRows:
@@ -84,7 +123,7 @@ class DeviceRows:
         # (rows, done) of every initialize() op: slots bound later join them (see bind_slots).
         self._inits: list[tuple[tf.Tensor, tf.Operation]] = []
         self._io_layout = None    # the slot names the read / write ops were built for
-        # (build, gate) of swaps waiting for the slot layout (see when_laid_out).
+        # (build, gate) of swaps waiting for the slot layout (see when_laid_out below).
         self._deferred: list = []
         self._critical_section = None
         with self._clean_context():
@@ -277,47 +316,21 @@ class DeviceRows:
                             tf.compat.v1.scatter_update(linear_var, rows, linear),
                             tf.compat.v1.scatter_update(self.weights, rows, w))
 
-    def when_laid_out(self, build) -> tf.Operation:
-        """A gate op that runs after ``build()`` (a tensor), built once the slot layout is fixed:
-        now if the host-side ops exist, else by :meth:`build_io` (``start_asc_pipeline``),
-        which attaches it to the gate. A lookup built before the sparse optimizer (whose
-        slots the op must move too) waits on the gate."""
-        with self._clean_context(), self.graph.name_scope(self._scope):
-            if self.io_built:
-                with tf.control_dependencies([build()]):
-                    return tf.no_op(name="laid_out")
-            gate = tf.no_op(name="laid_out")
-        self._deferred.append((build, gate))
-        return gate
+    def read_slots(self, slots: tf.Tensor) -> tf.Tensor:
+        """float32 ``[len(slots), width]``: the rows in ``slots`` (int32), weights and every
+        slot variable, in the host layout ``[weights | slots]`` (a tiered table's rows leaving
+        the fast tier)."""
+        with tf.device(self.device):
+            return tf.concat([tf.gather(v, slots) for v in self.variables], 1)
 
-    def swap(self, take, write_back_and_read, after: tf.Tensor) -> tf.Tensor:
-        """Moves rows between these variables and their homes (a tiered table), once
-        ``after`` (the batch's sequence number: its rows are placed by then) is computed:
-        ``take(after)`` gives int32 ``out_slots``, ``out_rows``, int64 ``out_gens``, int32 ``in_slots``,
-        ``in_rows``; the rows in ``out_slots`` are gathered (weights and slots, host layout)
-        and handed to ``write_back_and_read(out_rows, out_gens, values, in_rows)``, whose
-        result (the homes of ``in_rows``) is scattered into ``in_slots``. Returns
-        ``in_slots`` once the scatters have run.
-
-        Built in the caller's control context (not a clean one): inside
-        :meth:`exclusive`, every op here must wait for the critical section's lock.
-        """
-        with self.graph.as_default(), self.graph.name_scope(self._scope):
-            out_slots, out_rows, out_gens, in_slots, in_rows = tf.numpy_function(
-                take, [after], [tf.int32, tf.int32, tf.int64, tf.int32, tf.int32], stateful=True,
-                name="take_swaps")
-            with tf.device(self.device):
-                out_values = tf.concat([tf.gather(v, out_slots) for v in self.variables], 1)
-            in_values = tf.numpy_function(write_back_and_read,
-                                          [out_rows, out_gens, out_values, in_rows],
-                                          tf.float32, stateful=True, name="swap_homes")
-            in_values.set_shape([None, self.width])
-            with tf.device(self.device):
-                scatters = [tf.compat.v1.scatter_update(
-                    v, in_slots, in_values[:, i * self.dim:(i + 1) * self.dim])
+    def write_slots(self, slots: tf.Tensor, values: tf.Tensor) -> list:
+        """The scatters writing ``values`` (float32 ``[len(slots), width]``, host layout) into
+        ``slots`` (int32, distinct) of the weights and every slot variable (a tiered table's
+        rows entering the fast tier)."""
+        values.set_shape([None, self.width])
+        with tf.device(self.device):
+            return [tf.compat.v1.scatter_update(v, slots, values[:, i * self.dim:(i + 1) * self.dim])
                     for i, v in enumerate(self.variables)]
-            with tf.control_dependencies(scatters):
-                return tf.identity(in_slots)
 
     # -- host side: checkpoints and swapping ---------------------------------------------
 
@@ -339,7 +352,9 @@ class DeviceRows:
         self._io_layout = self.slot_names
         for build, gate in self._deferred:
             with self._clean_context(), self.graph.name_scope(self._scope):
-                add_control_input(gate, build().op)
+                built = build()
+                if built is not None:
+                    add_control_input(gate, getattr(built, "op", built))
         self._deferred.clear()
 
     def read(self, sess, rows: np.ndarray, weights_only: bool = False) -> np.ndarray:
