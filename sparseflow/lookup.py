@@ -12,7 +12,10 @@ keys) are carried along and ignored by the optimizers.
 A device table (``rows_on="device"``) takes the per-table path with TF ops instead
 (:func:`_device_gather`): one numpy function pops the rows the key processor assigned since
 the last step and their initial values, a scatter writes them, then ``tf.gather`` reads the
-batch's unique rows from the variables; its gradient is the same ``IndexedSlices``.
+batch's unique rows from the variables; its gradient is the same ``IndexedSlices``. A
+device table over a host tier claims its fast slots and runs its queued swaps first, in one
+claim, one swap and one release shared by the batch's tiered device tables
+(``tiered_lookup.py``).
 
 Under dynamic expansion every lookup takes the per-table path, and each training lookup adds
 its table's gathered unique rows (``unique_emb``, the "local embeddings") to the collection
