@@ -1,16 +1,26 @@
-"""The tiered device tables of a batch (``rows_on="device"`` over a host tier), looked up
-together: one claim of their fast slots, one swap and one release per batch for all of them.
+"""The tiered device tables of a batch (``rows_on="device"`` over a host tier): one claim of
+their fast slots, one swap and one release per batch for all of them.
 
 Each of those steps is a numpy function, which takes the GIL; the input pipeline's thread
 holds it while it processes the next batch, so the step waits at every one. Per table they
 were four on the step's path (the claim, the take of the queued moves, the homes' write-back
 and read, the release): eight a step for two tables, each 0.1-0.4 ms of wall time for tens of
-microseconds of Python (issue 21, twenty-first pass; ``benchmarks/bench_tiers.py``). Together
+microseconds of Python (issue 21, twenty-first pass; ``benchmarks/bench_tiers.py``). Merged,
 they are four a batch, however many tables.
 
-In order, for the members (the batch's tiered device tables that exist when its first
-tiered lookup is built; a table created later, or a lookup without the batch dict, as in
-automatic graph modification, is a group of its own):
+A lookup builds its table's own claim, swaps, gather and release (:func:`tiered_gather`).
+``start_asc_pipeline``, with the graph complete, merges the lookups of one batch
+(:func:`merge_batch_lookups`): it builds one group over their tables and points every op
+that read a table's own slots or rows at the group's. It merges only tables that are
+trained together: a run reads all of a group or none of it, and a training batch's slots
+stay pinned from its claim until its table's update. Were one table of a group trained by an
+update that runs without the others' (alternating train ops), every run of the others would
+claim its rows too and pin them until its own update, and a small fast tier would fill. So
+a batch's tables merge when every sparse optimizer update of a device table in the graph
+updates all of them or none. A lookup built after ``start_asc_pipeline``, or one without the
+batch dict (automatic graph modification), keeps its own.
+
+In order, for a group:
 
 1. the claim: one numpy function places every member's rows (:meth:`TierCache.place`),
    returning its fast slots;
@@ -20,10 +30,6 @@ automatic graph modification, is a group of its own):
    TF scatters write those;
 3. each member's gather of its slots;
 4. the release: one numpy function, once every member's gather has run.
-
-A member that no lookup in the graph reads is neither claimed nor released (at run time the
-graph is complete): a training batch's slots stay pinned from its claim until its update, and
-a table no update reaches would keep them pinned for good.
 """
 
 from __future__ import annotations
@@ -31,19 +37,19 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparseflow import runtime as _runtime
 from sparseflow.embed.device_rows import tier_swap_section, when_laid_out
 from sparseflow.lookup import read_after
 from sparseflow.pipeline.graph_cache import graph_cache
-from sparseflow.pipeline.insert_func import batch_plan, batch_rows, batch_seq
+from sparseflow.pipeline.graph_modifier import replace_tensor
+from sparseflow.pipeline.insert_func import batch_plan
 
 
 def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor,
                   batch: dict | None) -> tuple[tf.Tensor, tf.Tensor]:
     """A tiered device table's unique rows of a batch: ``(gathered float32 [U, dim], slots
-    int32 [U])``, the slots being what its gradient is over. With ``batch`` (the dict from
-    ``get_asc_insert_func``), the batch's tiered device tables share one claim, swap and
-    release; without it the table has its own.
+    int32 [U])``, the slots being what its gradient is over. Built for the table alone; with
+    ``batch`` (the dict from ``get_asc_insert_func``) it is recorded for
+    :func:`merge_batch_lookups`.
 
     Args:
       table: a ``SparseTable`` with ``rows_on="device"`` and a host tier.
@@ -51,37 +57,50 @@ def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor,
       seq: the batch's int64 sequence number for the table.
       batch: the batch dict, or None.
     """
-    group = _group_of(table, rows, seq, batch)
-    group.used.add(table.table_name)
+    group = _TierGroup([table], [rows], [seq])
+    plan = batch_plan(batch, table.table_name) if batch is not None else None
+    if plan is not None:
+        graph_cache(rows.graph, "tier_lookups").setdefault(
+            batch[plan.flat_key].name, []).append(group)
     return group.gathered[table.table_name], group.slots[table.table_name]
 
 
-def _group_of(table, rows: tf.Tensor, seq: tf.Tensor, batch: dict | None) -> _TierGroup:
-    cache = graph_cache(rows.graph, "tier_groups")
-    plan = batch_plan(batch, table.table_name) if batch is not None else None
-    if plan is not None:
-        key = batch[plan.flat_key].name
-        if key not in cache:
-            rt = _runtime.current("sparse_lookup")
-            members = [t for t in (rt.tables.get(name) for name in plan.tables)
-                       if t is not None and _joins(t, rows.graph)]
-            cache[key] = _TierGroup(members, [batch_rows(batch, t.table_name) for t in members],
-                                    [batch_seq(batch, t.table_name) for t in members])
-        if table.table_name in cache[key].slots:
-            return cache[key]
-    key = (table.table_name, rows.name)
-    if key not in cache:
-        cache[key] = _TierGroup([table], [rows], [seq])
-    return cache[key]
+def record_device_update(graph, table_names) -> None:
+    """Records that one sparse optimizer update in ``graph`` trains the device tables
+    ``table_names`` together (:func:`merge_batch_lookups` reads it)."""
+    graph_cache(graph, "device_updates").setdefault("sets", []).append(frozenset(table_names))
 
 
-def _joins(table, graph) -> bool:
-    """Whether ``table`` is a tiered device table whose variables live (or will) in
-    ``graph``."""
-    if table.rows_on != "device" or table.tiers is None:
-        return False
-    existing = table.rows.device_rows
-    return existing is None or existing.graph is graph
+def merge_batch_lookups(graph) -> int:
+    """Merges, per batch, the tiered device tables' lookups in ``graph`` that are trained
+    together into one group (see the module's docstring); called by ``start_asc_pipeline``
+    with the graph complete, before the tables' host-side ops are built. Returns the number
+    of groups made."""
+    lookups = graph_cache(graph, "tier_lookups", create=False)
+    if not lookups:
+        return 0
+    updates = graph_cache(graph, "device_updates")
+    made = 0
+    for alone in lookups.values():
+        names = {g.tables[0].table_name for g in alone}
+        # Every update trains all of them or none of them; and no lookup sits in a v1
+        # control-flow context, whose ops may not read a tensor made outside it.
+        if (len(alone) < 2 or any(0 < len(names & u) < len(names)
+                                  for u in updates.get("sets", ()))
+                or any(g.rows[0].op._get_control_flow_context() is not None  # noqa: SLF001
+                       or g.slots[g.tables[0].table_name].op._get_control_flow_context()  # noqa: SLF001
+                       is not None for g in alone)):
+            continue
+        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None):
+            group = _TierGroup([g.tables[0] for g in alone], [g.rows[0] for g in alone],
+                               [g.seqs[0] for g in alone])
+        for g in alone:
+            name = g.tables[0].table_name
+            replace_tensor(g.slots[name], group.slots[name])
+            replace_tensor(g.gathered[name], group.gathered[name])
+        made += 1
+    lookups.clear()
+    return made
 
 
 class _TierGroup:
@@ -89,20 +108,29 @@ class _TierGroup:
     batch (see the module's docstring)."""
 
     def __init__(self, tables: list, rows: list, seqs: list):
-        self.used: set[str] = set()
+        self.tables, self.rows, self.seqs = tables, rows, seqs
         names = [t.table_name for t in tables]
-        used, k = self.used, len(tables)
+        k = len(tables)
         tiers = [t.tiers for t in tables]
 
         @tf.autograph.experimental.do_not_convert
         def claim(*arrays):
             seqs_in, rows_in = arrays[:k], arrays[k:]
-            return [tiers[i].place(rows_in[i], int(seqs_in[i])) if names[i] in used
-                    else np.full(rows_in[i].shape[0], -1, np.int32) for i in range(k)]
+            slots = []
+            try:
+                for i in range(k):
+                    slots.append(tiers[i].place(rows_in[i], int(seqs_in[i])))
+            except BaseException:
+                # The run fails here (a full fast tier): the members placed before are
+                # released, as a gathered batch is, so their slots do not stay pinned for good.
+                for table, seq, _ in zip(tables, seqs_in, slots):
+                    table.release_batch(int(seq), drain=table.rows.optimizer is None)
+                raise
+            return slots
 
         # Built now on the rows and seqs (placeholders in modify-graph mode, rewired later).
         slots = tf.numpy_function(claim, [*seqs, *rows], [tf.int32] * k, stateful=True,
-                                  name=f"sparseflow_claim_{names[0]}")
+                                  name=f"sparseflow_claim_{'_'.join(names)}")
         for s, r in zip(slots, rows):
             s.set_shape(r.shape)
         device_rows = [t.rows.rows_in(rows[0].graph) for t in tables]
@@ -111,14 +139,13 @@ class _TierGroup:
 
         @tf.autograph.experimental.do_not_convert
         def release(*seqs_in):
-            for table, name, seq in zip(tables, names, seqs_in):
-                if name in used:
-                    table.release_batch(int(seq), drain=table.rows.optimizer is None)
+            for table, seq in zip(tables, seqs_in):
+                table.release_batch(int(seq), drain=table.rows.optimizer is None)
             return np.int64(0)
 
         with tf.control_dependencies(gathered):
             released = tf.numpy_function(release, list(seqs), tf.int64, stateful=True,
-                                         name=f"sparseflow_release_{names[0]}")
+                                         name=f"sparseflow_release_{'_'.join(names)}")
         with tf.control_dependencies([released]):
             gathered = [tf.identity(g) for g in gathered]
         self.slots = dict(zip(names, slots))

@@ -238,29 +238,36 @@ def test_reserve_memory_of_a_tiered_table_keeps_the_rows(kind, tmp_path):
     np.testing.assert_array_equal(after[1], before[1])
 
 
-_NUMPY_FUNCTION_TYPES = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+def _two_tiered_tables():
+    """t1 (dim 8) and t2 (dim 4), device rows over a host tier, small fast tiers."""
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+    tiers = _tiers("device_over_host", None)
+    return {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
+            for name, dim in (("t1", D1), ("t2", D2))}
 
 
-def _numpy_functions(graph, name: str) -> list:
-    """The numpy function nodes of ``graph`` whose own name starts with ``name``."""
-    return [op.name for op in graph.get_operations()
-            if op.type in _NUMPY_FUNCTION_TYPES and op.name.split("/")[-1].startswith(name)]
+def _tier_functions_run(sess, fetch) -> dict:
+    """Runs ``fetch`` once, traced; per tier step boundary, how many numpy functions ran."""
+    meta = tf.compat.v1.RunMetadata()
+    sess.run(fetch, options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=meta)
+    ran = [node.node_name.split("/")[-1] for dev in meta.step_stats.dev_stats
+           for node in dev.node_stats]
+    return {name: sum(r.startswith(name) for r in ran)
+            for name in ("sparseflow_claim", "take_swaps", "swap_homes", "sparseflow_release")}
 
 
-def test_a_batchs_tiered_device_tables_share_one_claim_swap_and_release():
-    """Two tiered device tables, three lookups: each step boundary into Python (the claim,
-    the take of the queued moves, the homes' write-back and read, the release) is one numpy
-    function for the batch, not one per table. (Their training is checked against host rows
-    above, with these same two tables.)"""
-    data = _data(seed=3, steps=4)
-    with tf.Graph().as_default() as graph:
+def test_a_batchs_tiered_device_tables_trained_together_share_one_claim_swap_and_release():
+    """Two tiered device tables, three lookups, one sparse optimizer: each step boundary into
+    Python (the claim, the take of the queued moves, the homes' write-back and read, the
+    release) runs once a step, not once per table. (Their training is checked against host
+    rows above, with these same two tables.)"""
+    data = _data(seed=3, steps=6)
+    with tf.Graph().as_default():
         sf.init()
         specs = [sf.FeatureSpec(f, table_name=t) for f, t in (("f1", "t1"), ("f2", "t1"),
                                                                 ("f3", "t2"))]
-        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
-        tiers = _tiers("device_over_host", None)
-        tables = {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
-                  for name, dim in (("t1", D1), ("t2", D2))}
+        tables = _two_tiered_tables()
         it = make_batch_iterator({f: data[f] for f in ("f1", "f2", "f3")}, B, specs)
         batch = it.get_next()
         embs = [sf.sparse_lookup(tables[s.table_name], s, batch=batch) for s in specs]
@@ -268,18 +275,78 @@ def test_a_batchs_tiered_device_tables_share_one_claim_swap_and_release():
         train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
             list(zip(tf.gradients(loss, list(tables.values())), tables.values())))
         sf.start_asc_pipeline()
-        counts = {name: len(_numpy_functions(graph, name))
-                  for name in ("sparseflow_claim", "take_swaps", "swap_homes",
-                               "sparseflow_release")}
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
             for _ in range(4):
                 sess.run(train)
+            ran = _tier_functions_run(sess, train)
             stats = {name: t.stats() for name, t in tables.items()}
         sf.terminate_config_initializer()
-    assert counts == {"sparseflow_claim": 1, "take_swaps": 1, "swap_homes": 1,
-                      "sparseflow_release": 1}
+    assert ran == {"sparseflow_claim": 1, "take_swaps": 1, "swap_homes": 1,
+                   "sparseflow_release": 1}
     assert all(s["rows_swapped_in"] > 0 for s in stats.values())   # both tables went through
+
+
+def test_tiered_device_tables_trained_apart_keep_their_own_claims():
+    """t1 and t2 are looked up on one batch but trained by two train ops, and the program
+    runs t1's alone for many steps. A shared claim would claim t2's rows in every run and
+    keep them pinned until t2's update, which never runs: its 150 fast slots would fill
+    within a few steps (CacheFullError). Each table keeps its own claim, and a run of both
+    train ops still trains both."""
+    data = _data(seed=5, steps=30)
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        tables = _two_tiered_tables()
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
+        batch = it.get_next()
+        loss_1, loss_2 = (tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s,
+                                                         batch=batch) ** 2) for s in specs)
+        train_1, train_2 = (lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            [(tf.gradients(loss, t)[0], t)]) for loss, t in ((loss_1, tables["t1"]),
+                                                            (loss_2, tables["t2"])))
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            losses = [sess.run([train_1, loss_1])[1] for _ in range(24)]
+            t2_claimed = dict(tables["t2"].tiers.cache._pinned)
+            both = _tier_functions_run(sess, [train_1, train_2])
+        sf.terminate_config_initializer()
+    assert losses[-1] < losses[0]
+    assert t2_claimed == {}
+    assert both == {"sparseflow_claim": 2, "take_swaps": 2, "swap_homes": 2,
+                    "sparseflow_release": 2}
+
+
+def test_a_full_fast_tier_in_a_shared_claim_leaves_no_other_table_claimed():
+    """t2's fast tier cannot hold a batch: the shared claim fails on it after placing t1's
+    rows. t1's batch is released as a gathered one (its slots unpinned at its table's next
+    update), not left claimed for good."""
+    data = _data(seed=6, steps=4)
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        tables = {"t1": sf.create_table(tf.int64, D1, "t1", init, device_vocabulary_size=300,
+                                        host_vocabulary_size=V - 300, rows_on="device"),
+                  "t2": sf.create_table(tf.int64, D2, "t2", init, device_vocabulary_size=4,
+                                        host_vocabulary_size=496, rows_on="device")}
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs,
+                                 read_ahead=False)
+        batch = it.get_next()
+        loss = sum(tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
+                   for s in specs)
+        train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            list(zip(tf.gradients(loss, list(tables.values())), tables.values())))
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            with pytest.raises(tf.errors.OpError, match=r"Table `t2`: a batch needs"):
+                sess.run(train)
+            t1 = tables["t1"].tiers.cache
+            claimed, released = set(t1._pinned), set(t1._released)
+        sf.terminate_config_initializer()
+    assert claimed and claimed <= released
 
 
 def test_a_tiered_device_table_no_lookup_reads_pins_nothing():

@@ -249,6 +249,7 @@ class SparseOptimizer:
     def _apply_device(self, pairs) -> tf.Operation:
         """TF updates of device tables, then one numpy function for their bookkeeping."""
         from sparseflow.lookup import is_batch_unique_rows
+        from sparseflow.tiered_lookup import record_device_update
 
         updates, touched = [], []
         for grad, table in pairs:
@@ -267,6 +268,8 @@ class SparseOptimizer:
                 updates.append(self._device_update(device_rows, rows, values))
             touched.append(rows)
         tables = [table for _, table in pairs]
+        # A batch's tiered lookups merge only where every update trains all of them or none.
+        record_device_update(touched[0].graph, [t.table_name for t in tables])
 
         @tf.autograph.experimental.do_not_convert
         def bookkeeping(*rows_of_tables):

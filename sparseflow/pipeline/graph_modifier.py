@@ -193,6 +193,19 @@ def rewire(old: tf.Tensor, new: tf.Tensor) -> None:
                 update_input(consumer, index, new)
 
 
+def replace_tensor(old: tf.Tensor, new: tf.Tensor) -> None:
+    """Points every consumer of ``old`` at ``new``, as :func:`rewire` does, and moves every
+    control dependency on ``old``'s op to ``new``'s (TF's private
+    ``Operation._control_outputs``, ``_remove_all_control_inputs`` and
+    ``_add_control_inputs``): ``old``'s op then has no consumer left. Only before a session
+    has run the consumers."""
+    rewire(old, new)
+    for consumer in list(old.op._control_outputs):  # noqa: SLF001
+        kept = [op for op in consumer.control_inputs if op is not old.op]
+        consumer._remove_all_control_inputs()  # noqa: SLF001
+        consumer._add_control_inputs(kept + [new.op])  # noqa: SLF001
+
+
 def modify_graph_and_start_emb_cache(full_graph=None, dump_graph=False) -> None:
     """Inserts key processing behind every iterator a modify-graph lookup reads, rewires the
     graph, and starts the pipeline (Rec SDK's call of the same name).

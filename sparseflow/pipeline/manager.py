@@ -61,12 +61,27 @@ def start_asc_pipeline() -> None:
                                 f"send_count, but FeatureSpec `{spec.name}` of table "
                                 f"`{table_name}` was never looked up with "
                                 f"sparse_lookup(..., send_count=N).")
+        _merge_tiered_lookups(rt.tables.values())
         for table in rt.tables.values():
             table.prepare()
         rt.pipeline_started = True
     # A session left alive to the end must not be deleted during interpreter finalization,
     # where the pipeline's threads can no longer finish (exit_sessions.py).
     exit_sessions.install()
+
+
+def _merge_tiered_lookups(tables) -> None:
+    """Merges each batch's tiered device lookups trained together (``tiered_lookup.py``), in
+    every graph holding a tiered device table's variables; before ``prepare`` builds their
+    swaps."""
+    graphs = {t.rows.device_rows.graph for t in tables
+              if t.rows_on == "device" and t.tiers is not None
+              and t.rows.device_rows is not None}
+    if graphs:
+        from sparseflow.tiered_lookup import merge_batch_lookups  # builds on lookup.py
+
+        for graph in graphs:
+            merge_batch_lookups(graph)
 
 
 def get_dense_and_sparse_variable():
