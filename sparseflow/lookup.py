@@ -317,9 +317,14 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor,
     if table.tiers is not None:
         # Imported here: tiered_lookup builds on this module's helpers.
         from sparseflow.tiered_lookup import tiered_gather
-        gathered, rows = tiered_gather(table, rows, seq, batch)
+        tiered = tiered_gather(table, rows, seq, batch)
+        # Read when the gradient is built: start_asc_pipeline may have merged the lookup
+        # into its batch's group since (tiered_lookup.merge_batch_lookups).
+        current = lambda: (tiered.gathered, tiered.slots)  # noqa: E731
     else:
-        gathered = _pending_device_gather(table, device_rows, rows, seq)
+        pending = _pending_device_gather(table, device_rows, rows, seq)
+        current = lambda: (pending, rows)  # noqa: E731
+    gathered, rows = current()
     # The optimizer needs no dedup for these rows (or a tiered table's fast slots): the
     # batch's unique rows.
     mark_batch_unique_rows(rows)
@@ -330,6 +335,7 @@ def _device_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor,
         del anchor  # only carries the gradient to the table
 
         def grad(dy):
+            gathered, rows = current()
             if isinstance(dy, tf.IndexedSlices):
                 dy = sum_rows_by_index(dy.values, dy.indices, tf.shape(rows)[0])
             with tf.control_dependencies([gathered]):

@@ -16,9 +16,12 @@ trained together: a run reads all of a group or none of it, and a training batch
 stay pinned from its claim until its table's update. Were one table of a group trained by an
 update that runs without the others' (alternating train ops), every run of the others would
 claim its rows too and pin them until its own update, and a small fast tier would fill. So
-a batch's tables merge when every sparse optimizer update of a device table in the graph
-updates all of them or none. A lookup built after ``start_asc_pipeline``, or one without the
-batch dict (automatic graph modification), keeps its own.
+a training batch's tables merge when each is trained by a sparse optimizer update built
+before ``start_asc_pipeline`` and every such update trains all of them or none; an
+evaluation batch's always merge. A lookup built after ``start_asc_pipeline``, one without
+the batch dict (automatic graph modification) or inside v1 control flow keeps its own, and
+so do a training batch's when its optimizer is built after ``start_asc_pipeline``
+(little_demo's order): the merge cannot see that update.
 
 In order, for a group:
 
@@ -38,18 +41,35 @@ import numpy as np
 import tensorflow as tf
 
 from sparseflow.embed.device_rows import tier_swap_section, when_laid_out
-from sparseflow.lookup import read_after
+from sparseflow.lookup import mark_batch_unique_rows, read_after
 from sparseflow.pipeline.graph_cache import graph_cache
 from sparseflow.pipeline.graph_modifier import replace_tensor
 from sparseflow.pipeline.insert_func import batch_plan
 
 
-def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor,
-                  batch: dict | None) -> tuple[tf.Tensor, tf.Tensor]:
-    """A tiered device table's unique rows of a batch: ``(gathered float32 [U, dim], slots
-    int32 [U])``, the slots being what its gradient is over. Built for the table alone; with
-    ``batch`` (the dict from ``get_asc_insert_func``) it is recorded for
-    :func:`merge_batch_lookups`.
+class TieredLookup:
+    """One lookup's tiered device table on one batch: its gathered rows and its fast slots,
+    from its own group until ``start_asc_pipeline`` merges it into its batch's
+    (:func:`merge_batch_lookups`); read them when building on them."""
+
+    def __init__(self, table, rows: tf.Tensor, seq: tf.Tensor, training: bool):
+        self.table, self.rows, self.seq, self.training = table, rows, seq, training
+        self.group = _TierGroup([table], [rows], [seq])
+
+    @property
+    def gathered(self) -> tf.Tensor:
+        """float32 ``[U, dim]``: the table's rows of the batch, once gathered and released."""
+        return self.group.gathered[self.table.table_name]
+
+    @property
+    def slots(self) -> tf.Tensor:
+        """int32 ``[U]``: the batch's fast slots (-1 where its rows are -1)."""
+        return self.group.slots[self.table.table_name]
+
+
+def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor, batch: dict | None) -> TieredLookup:
+    """A tiered device table's lookup of a batch, built for the table alone; with ``batch``
+    (the dict from ``get_asc_insert_func``) it is recorded for :func:`merge_batch_lookups`.
 
     Args:
       table: a ``SparseTable`` with ``rows_on="device"`` and a host tier.
@@ -57,50 +77,89 @@ def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor,
       seq: the batch's int64 sequence number for the table.
       batch: the batch dict, or None.
     """
-    group = _TierGroup([table], [rows], [seq])
     plan = batch_plan(batch, table.table_name) if batch is not None else None
+    lookup = TieredLookup(table, rows, seq, training=plan is None or plan.is_training)
     if plan is not None:
         graph_cache(rows.graph, "tier_lookups").setdefault(
-            batch[plan.flat_key].name, []).append(group)
-    return group.gathered[table.table_name], group.slots[table.table_name]
+            batch[plan.flat_key].name, []).append(lookup)
+    return lookup
 
 
-def record_device_update(graph, table_names) -> None:
-    """Records that one sparse optimizer update in ``graph`` trains the device tables
-    ``table_names`` together (:func:`merge_batch_lookups` reads it)."""
-    graph_cache(graph, "device_updates").setdefault("sets", []).append(frozenset(table_names))
+def record_device_update(graph, tables) -> None:
+    """Records that one sparse optimizer update in ``graph`` trains the device ``tables``
+    together (:func:`merge_batch_lookups` reads it). An update built after a merge that
+    trains some of a group's tables without the others is logged: a run of it claims them
+    all and keeps the others' slots pinned until their own update."""
+    trained = frozenset(tables)
+    cache = graph_cache(graph, "device_updates")
+    cache.setdefault("sets", []).append(trained)
+    for merged in cache.get("merged", ()):
+        if 0 < len(merged & trained) < len(merged):
+            tf.compat.v1.logging.warning(
+                "sparseflow: a sparse optimizer update built after start_asc_pipeline() "
+                "trains tables %s but not %s, whose lookups of one batch were merged into "
+                "one claim: a run of this update alone claims them all, and keeps the others' "
+                "fast slots pinned until their own update. Build every sparse optimizer "
+                "update before start_asc_pipeline() to keep them apart.",
+                sorted(t.table_name for t in merged & trained),
+                sorted(t.table_name for t in merged - trained))
 
 
-def merge_batch_lookups(graph) -> int:
-    """Merges, per batch, the tiered device tables' lookups in ``graph`` that are trained
-    together into one group (see the module's docstring); called by ``start_asc_pipeline``
-    with the graph complete, before the tables' host-side ops are built. Returns the number
-    of groups made."""
+def merge_batch_lookups(graph, live_tables: dict) -> int:
+    """Merges, per batch, the tiered device lookups in ``graph`` whose tables are trained
+    together into one group (see the module's docstring); ``start_asc_pipeline`` calls it
+    with the graph complete, before the tables' host-side ops are built.
+
+    A training batch's lookups merge when every one of its tables is trained by a sparse
+    optimizer update built so far, and every such update trains all of them or none (a
+    table whose update is built later stays alone: the merge could not see it). An
+    evaluation batch's merge regardless (its slots are unpinned at its gather). Lookups of
+    tables that ``live_tables`` (the runtime's, by name) no longer holds are left alone.
+
+    Returns:
+      The number of groups made.
+    """
     lookups = graph_cache(graph, "tier_lookups", create=False)
     if not lookups:
         return 0
-    updates = graph_cache(graph, "device_updates")
+    cache = graph_cache(graph, "device_updates")
+    updates = cache.get("sets", [])
     made = 0
     for alone in lookups.values():
-        names = {g.tables[0].table_name for g in alone}
-        # Every update trains all of them or none of them; and no lookup sits in a v1
-        # control-flow context, whose ops may not read a tensor made outside it.
-        if (len(alone) < 2 or any(0 < len(names & u) < len(names)
-                                  for u in updates.get("sets", ()))
-                or any(g.rows[0].op._get_control_flow_context() is not None  # noqa: SLF001
-                       or g.slots[g.tables[0].table_name].op._get_control_flow_context()  # noqa: SLF001
-                       is not None for g in alone)):
+        tables = frozenset(lookup.table for lookup in alone)
+        if (len(alone) < 2 or any(live_tables.get(t.table_name) is not t for t in tables)
+                or not _mergeable(alone, tables, updates)):
             continue
-        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None):
-            group = _TierGroup([g.tables[0] for g in alone], [g.rows[0] for g in alone],
-                               [g.seqs[0] for g in alone])
-        for g in alone:
-            name = g.tables[0].table_name
-            replace_tensor(g.slots[name], group.slots[name])
-            replace_tensor(g.gathered[name], group.gathered[name])
+        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None), \
+                graph.device(None):
+            group = _TierGroup([lookup.table for lookup in alone],
+                               [lookup.rows for lookup in alone],
+                               [lookup.seq for lookup in alone])
+        for lookup in alone:
+            name = lookup.table.table_name
+            lookup.group.superseded = True   # its swaps are never built
+            replace_tensor(lookup.slots, group.slots[name])
+            replace_tensor(lookup.gathered, group.gathered[name])
+            lookup.group = group
+            mark_batch_unique_rows(group.slots[name])
+        cache.setdefault("merged", []).append(tables)
         made += 1
     lookups.clear()
     return made
+
+
+def _mergeable(alone: list, tables: frozenset, updates: list) -> bool:
+    """Whether one batch's lookups ``alone`` of ``tables`` may share a claim."""
+    # No lookup in a v1 control-flow context, whose ops may not read a tensor made outside.
+    if any(lookup.rows.op._get_control_flow_context() is not None  # noqa: SLF001
+           or lookup.slots.op._get_control_flow_context() is not None  # noqa: SLF001
+           for lookup in alone):
+        return False
+    if not any(lookup.training for lookup in alone):
+        return True
+    trained = [u & tables for u in updates if u & tables]
+    return (all(u == tables for u in trained)
+            and all(any(t in u for u in trained) for t in tables))
 
 
 class _TierGroup:
@@ -108,7 +167,7 @@ class _TierGroup:
     batch (see the module's docstring)."""
 
     def __init__(self, tables: list, rows: list, seqs: list):
-        self.tables, self.rows, self.seqs = tables, rows, seqs
+        self.superseded = False   # merged into a batch's group: nothing reads it any more
         names = [t.table_name for t in tables]
         k = len(tables)
         tiers = [t.tiers for t in tables]
@@ -121,9 +180,9 @@ class _TierGroup:
                 for i in range(k):
                     slots.append(tiers[i].place(rows_in[i], int(seqs_in[i])))
             except BaseException:
-                # The run fails here (a full fast tier): the members placed before are
-                # released, as a gathered batch is, so their slots do not stay pinned for good.
-                for table, seq, _ in zip(tables, seqs_in, slots):
+                # The run fails here (a full fast tier): every member's batch is released,
+                # as a gathered batch is, so no slot it placed stays pinned for good.
+                for table, seq in zip(tables, seqs_in):
                     table.release_batch(int(seq), drain=table.rows.optimizer is None)
                 raise
             return slots
@@ -134,7 +193,7 @@ class _TierGroup:
         for s, r in zip(slots, rows):
             s.set_shape(r.shape)
         device_rows = [t.rows.rows_in(rows[0].graph) for t in tables]
-        swapped = tier_swaps(tables, slots)
+        swapped = tier_swaps(tables, slots, wanted=lambda: not self.superseded)
         gathered = [d.gather(read_after(swapped, s)) for d, s in zip(device_rows, slots)]
 
         @tf.autograph.experimental.do_not_convert
@@ -152,7 +211,7 @@ class _TierGroup:
         self.gathered = dict(zip(names, gathered))
 
 
-def tier_swaps(tables: list, slots: list) -> tf.Operation:
+def tier_swaps(tables: list, slots: list, wanted=None) -> tf.Operation:
     """The op after which tiered device ``tables`` have run their queued swaps (their claims,
     which ``slots`` come from, queued this batch's), under the graph's tier critical section.
     Through identities made now, so that swaps built later (once every table's slot layout is
@@ -161,12 +220,20 @@ def tier_swaps(tables: list, slots: list) -> tf.Operation:
     Args:
       tables: tiered device tables whose variables live in ``slots``' graph.
       slots: the int32 tensors the swaps must follow (one per table, or any).
+      wanted: asked when the swaps are built later; False: they are not (nothing reads
+        them any more).
     """
     graph = slots[0].graph
     device_rows = [t.rows.rows_in(graph) for t in tables]
     after = [tf.identity(s) for s in slots]
-    return when_laid_out(device_rows, lambda: tier_swap_section(graph).execute(
-        lambda: _swap(tables, device_rows, after), exclusive_resource_access=False))
+
+    def build():
+        if wanted is not None and not wanted():
+            return None
+        return tier_swap_section(graph).execute(
+            lambda: _swap(tables, device_rows, after), exclusive_resource_access=False)
+
+    return when_laid_out(device_rows, build)
 
 
 def _swap(tables: list, device_rows: list, after: list) -> tf.Tensor:

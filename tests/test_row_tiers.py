@@ -318,6 +318,49 @@ def test_tiered_device_tables_trained_apart_keep_their_own_claims():
                     "sparseflow_release": 2}
 
 
+@pytest.mark.parametrize("apart", [True, False], ids=["trained_apart", "trained_together"])
+def test_tiered_lookups_whose_update_is_built_after_the_start_keep_their_own_claims(apart):
+    """little_demo's order: the optimizers are bound through create_table(optimizer_list=...)
+    and their updates built after start_asc_pipeline, which cannot see them: each table
+    keeps its own claim (one run of a merged claim would claim both; a gradient built after
+    a merge would have run the lookup's own claim beside it). Trained apart, running t1's
+    train op alone leaves t2 unclaimed; trained together, a step runs one claim per table."""
+    data = _data(seed=7, steps=30)
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        optimizers = ([lazy_adam.create_hash_optimizer(0.05) for _ in range(2)] if apart
+                      else [lazy_adam.create_hash_optimizer(0.05)] * 2)
+        tiers = _tiers("device_over_host", None)
+        tables = {name: sf.create_table(tf.int64, dim, name, init, optimizer_list=[opt],
+                                        **tiers[name])
+                  for (name, dim), opt in zip((("t1", D1), ("t2", D2)), optimizers)}
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
+        batch = it.get_next()
+        losses = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
+                  for s in specs]
+        sf.start_asc_pipeline()
+        if apart:
+            trains = [opt.apply_gradients([(tf.gradients(loss, t)[0], t)])
+                      for opt, loss, t in zip(optimizers, losses, tables.values())]
+        else:
+            trains = [optimizers[0].apply_gradients(list(zip(
+                tf.gradients(losses[0] + losses[1], list(tables.values())),
+                tables.values())))]
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            first = [sess.run([trains[0], losses[0]])[1] for _ in range(24)]
+            t2_claimed = dict(tables["t2"].tiers.cache._pinned)
+            ran = _tier_functions_run(sess, trains)
+        sf.terminate_config_initializer()
+    assert first[-1] < first[0]
+    assert ran == {"sparseflow_claim": 2, "take_swaps": 2, "swap_homes": 2,
+                   "sparseflow_release": 2}
+    if apart:
+        assert t2_claimed == {}
+
+
 def test_a_full_fast_tier_in_a_shared_claim_leaves_no_other_table_claimed():
     """t2's fast tier cannot hold a batch: the shared claim fails on it after placing t1's
     rows. t1's batch is released as a gathered one (its slots unpinned at its table's next
@@ -375,3 +418,35 @@ def test_a_tiered_device_table_no_lookup_reads_pins_nothing():
         sf.terminate_config_initializer()
     assert losses[-1] < losses[0]
     assert claimed == {} and released == []
+
+
+def test_lookups_of_a_terminated_runtime_are_not_merged_by_the_next():
+    """A setup built, terminated before its start (say after a failed check) and built again
+    in the same graph under a new init(): the first runtime's tiered lookups stay in the
+    graph, but start_asc_pipeline merges only its own runtime's (the old tables are closed:
+    building on them raised)."""
+    def build():
+        data = {f: np.arange(64, dtype=np.int64).reshape(32, 2) for f in ("f1", "f3")}
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        tables = _two_tiered_tables()
+        it = make_batch_iterator(data, 8, specs)
+        batch = it.get_next()
+        loss = sum(tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
+                   for s in specs)
+        train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            list(zip(tf.gradients(loss, list(tables.values())), tables.values())))
+        return it, train
+
+    with tf.Graph().as_default():
+        sf.init()
+        build()
+        sf.terminate_config_initializer()
+        sf.init()
+        it, train = build()
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            ran = _tier_functions_run(sess, train)
+        sf.terminate_config_initializer()
+    assert ran == {"sparseflow_claim": 1, "take_swaps": 1, "swap_homes": 1,
+                   "sparseflow_release": 1}

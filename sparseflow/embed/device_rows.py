@@ -57,16 +57,17 @@ def add_control_input(op: tf.Operation, dependency: tf.Operation) -> None:
 
 
 def when_laid_out(members: list, build) -> tf.Operation:
-    """A gate op that runs after ``build()`` (a tensor or op), built once the slot layout of
-    every one of ``members`` (:class:`DeviceRows` of one graph) is fixed: now if their
-    host-side ops exist, else by the last of their :meth:`DeviceRows.build_io`
-    (``start_asc_pipeline``), which attaches it to the gate. A lookup built before the sparse
+    """A gate op that runs after ``build()`` (a tensor or op; None: nothing to wait for),
+    built once the slot layout of every one of ``members`` (:class:`DeviceRows` of one
+    graph) is fixed: now if their host-side ops exist, else by the last of their
+    :meth:`DeviceRows.build_io` (``start_asc_pipeline``), which attaches it to the gate. A lookup built before the sparse
     optimizer (whose slots the ops must move too) waits on the gate."""
     graph = members[0].graph
     waiting = [m for m in members if not m.io_built]
     with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None):
         if not waiting:
-            with tf.control_dependencies([build()]):
+            built = build()
+            with tf.control_dependencies([] if built is None else [built]):
                 return tf.no_op(name="laid_out")
         gate = tf.no_op(name="laid_out")
     built = []

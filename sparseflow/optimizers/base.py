@@ -269,7 +269,7 @@ class SparseOptimizer:
             touched.append(rows)
         tables = [table for _, table in pairs]
         # A batch's tiered lookups merge only where every update trains all of them or none.
-        record_device_update(touched[0].graph, [t.table_name for t in tables])
+        record_device_update(touched[0].graph, tables)
 
         @tf.autograph.experimental.do_not_convert
         def bookkeeping(*rows_of_tables):

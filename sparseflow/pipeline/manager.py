@@ -61,7 +61,7 @@ def start_asc_pipeline() -> None:
                                 f"send_count, but FeatureSpec `{spec.name}` of table "
                                 f"`{table_name}` was never looked up with "
                                 f"sparse_lookup(..., send_count=N).")
-        _merge_tiered_lookups(rt.tables.values())
+        _merge_tiered_lookups(rt.tables)
         for table in rt.tables.values():
             table.prepare()
         rt.pipeline_started = True
@@ -70,18 +70,18 @@ def start_asc_pipeline() -> None:
     exit_sessions.install()
 
 
-def _merge_tiered_lookups(tables) -> None:
+def _merge_tiered_lookups(tables: dict) -> None:
     """Merges each batch's tiered device lookups trained together (``tiered_lookup.py``), in
     every graph holding a tiered device table's variables; before ``prepare`` builds their
     swaps."""
-    graphs = {t.rows.device_rows.graph for t in tables
+    graphs = {t.rows.device_rows.graph for t in tables.values()
               if t.rows_on == "device" and t.tiers is not None
               and t.rows.device_rows is not None}
     if graphs:
         from sparseflow.tiered_lookup import merge_batch_lookups  # builds on lookup.py
 
         for graph in graphs:
-            merge_batch_lookups(graph)
+            merge_batch_lookups(graph, tables)
 
 
 def get_dense_and_sparse_variable():
