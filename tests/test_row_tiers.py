@@ -450,3 +450,29 @@ def test_lookups_of_a_terminated_runtime_are_not_merged_by_the_next():
         sf.terminate_config_initializer()
     assert ran == {"sparseflow_claim": 1, "take_swaps": 1, "swap_homes": 1,
                    "sparseflow_release": 1}
+
+
+def test_an_update_built_after_the_start_that_splits_a_merged_claim_is_logged(caplog):
+    """t1 and t2 were merged at the start (one update trains both); an update built after
+    it trains t1 alone: a run of it alone would claim t2 too and keep its slots pinned
+    until t2's next update, so the build says so, naming both sides."""
+    data = _data(seed=8, steps=4)
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        tables = _two_tiered_tables()
+        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
+        batch = it.get_next()
+        losses = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
+                  for s in specs]
+        optimizer = lazy_adam.create_hash_optimizer(0.05)
+        optimizer.apply_gradients(list(zip(tf.gradients(losses[0] + losses[1],
+                                                        list(tables.values())),
+                                           tables.values())))
+        sf.start_asc_pipeline()
+        with caplog.at_level("WARNING"):
+            optimizer.apply_gradients([(tf.gradients(losses[0], tables["t1"])[0],
+                                        tables["t1"])])
+        sf.terminate_config_initializer()
+    warned = [r.getMessage() for r in caplog.records if "start_asc_pipeline" in r.getMessage()]
+    assert len(warned) == 1 and "['t1'] but not ['t2']" in warned[0]
