@@ -521,33 +521,3 @@ def test_one_device_table_read_by_three_batches_in_one_run(tmp_path):
         np.testing.assert_allclose(losses, host_losses, rtol=1e-5)
         np.testing.assert_array_equal(device_table[0], host_table[0])
         np.testing.assert_allclose(device_table[1], host_table[1], rtol=1e-5, atol=1e-6)
-
-
-def test_one_update_counts_every_device_tables_step_in_one_numpy_function(sf_init):
-    """Lazy Adam's bias correction reads each device table's update count: one numpy
-    function counts it for every table of the update (a numpy function a table waited for the
-    GIL at each), and each table's count still advances by one a step."""
-    specs = [sf.FeatureSpec("a", table_name="ta"), sf.FeatureSpec("b", table_name="tb")]
-    init = tf.compat.v1.constant_initializer(0.1)
-    tables = [sf.create_table(tf.int64, 4, s.table_name, init, device_vocabulary_size=50,
-                              rows_on="device") for s in specs]
-    keys = np.arange(48, dtype=np.int64).reshape(8, 6) % 40
-    it = make_batch_iterator({"a": keys, "b": keys[::-1].copy()}, 2, specs)
-    batch = it.get_next()
-    loss = sum(tf.reduce_sum(sf.sparse_lookup(t, s, batch=batch) ** 2)
-               for t, s in zip(tables, specs))
-    optimizer = lazy_adam.create_hash_optimizer(0.05)
-    train = optimizer.apply_gradients(list(zip(tf.gradients(loss, tables), tables)))
-    sf.start_asc_pipeline()
-    with tf.compat.v1.Session() as sess:
-        sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
-        sess.run(train)
-        meta = tf.compat.v1.RunMetadata()
-        sess.run(train, options=tf.compat.v1.RunOptions(
-            trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=meta)
-        sess.run(train)
-    counters = [node.node_name for dev in meta.step_stats.dev_stats
-                for node in dev.node_stats
-                if node.node_name.split("/")[-1].startswith("sparseflow_step")]
-    assert len(counters) == 1
-    assert [optimizer.steps(t.table_name) for t in tables] == [3, 3]

@@ -12,7 +12,7 @@ class Adagrad(SparseOptimizer):
 
     slot_names = ("accumulator",)
 
-    def _device_update(self, rows, indices, grads, step):
+    def _device_update(self, rows, indices, grads):
         return rows.apply_adagrad(indices, grads, learning_rate=self.hparams["learning_rate"])
 
     @property

@@ -116,21 +116,16 @@ class SparseOptimizer:
                 self._step_entries[table.table_name] = entry
         return token
 
-    def _step_tensors(self, table_names: list, after: list) -> list:
-        """int64 scalars, one per table of ``table_names``, that count one update of each
-        (:meth:`next_step`) each time they run, once ``after`` (tensors) are computed: one
-        numpy function for every device table of an update, not one each (a numpy function
-        on the step's path waits for the GIL the input pipeline's thread holds)."""
+    def _step_tensor(self, table_name: str) -> tf.Tensor:
+        """An int64 scalar op that counts one update of ``table_name`` (:meth:`next_step`)
+        each time it runs, for a device table's update."""
         @tf.autograph.experimental.do_not_convert
         def count():
-            return [np.int64(self.next_step(name)) for name in table_names]
+            return np.int64(self.next_step(table_name))
 
-        with tf.control_dependencies(after):
-            steps = tf.numpy_function(count, [], [tf.int64] * len(table_names),
-                                      stateful=True, name="sparseflow_step")
-        for step in steps:
-            step.set_shape([])
-        return steps
+        step = tf.numpy_function(count, [], tf.int64, stateful=True, name="sparseflow_step")
+        step.set_shape([])
+        return step
 
     def compute_gradients(self, loss, var_list=None, gate_gradients=GATE_OP,
                           aggregation_method=None, colocate_gradients_with_ops=False,
@@ -256,7 +251,7 @@ class SparseOptimizer:
         from sparseflow.lookup import is_batch_unique_rows
         from sparseflow.tiered_lookup import record_device_update
 
-        gradients = []
+        updates, touched = [], []
         for grad, table in pairs:
             rows, values = grad.indices, grad.values
             if not is_batch_unique_rows(rows):
@@ -264,20 +259,15 @@ class SparseOptimizer:
                 # scatters need distinct rows; -1 stays one entry, skipped by the update).
                 rows, position = tf.unique(rows)
                 values = sum_rows_by_index(values, position, tf.shape(rows)[0])
-            gradients.append((table, tf.cast(rows, tf.int32), values))
-        tables = [table for _, table in pairs]
-        steps = (self._step_tensors([t.table_name for t in tables],
-                                    [values for _, _, values in gradients])
-                 if self.device_update_needs_step else [None] * len(tables))
-        updates, touched = [], []
-        for (table, rows, values), step in zip(gradients, steps):
+            rows = tf.cast(rows, tf.int32)
             device_rows = table.rows.rows_in(rows.graph)
             # Every op of the update after the gradient, hence after the batch's gather and
             # the scatter of its new rows before it (the gradient depends on them): the
             # update's own reads of the rows must not see them from before.
             with tf.name_scope(table.table_name), tf.control_dependencies([values]):
-                updates.append(self._device_update(device_rows, rows, values, step))
+                updates.append(self._device_update(device_rows, rows, values))
             touched.append(rows)
+        tables = [table for _, table in pairs]
         # A batch's tiered lookups merge only where every update trains all of them or none.
         record_device_update(touched[0].graph, tables)
 
@@ -294,15 +284,9 @@ class SparseOptimizer:
             return tf.numpy_function(bookkeeping, touched, tf.int64, stateful=True,
                                      name="sparseflow_device_bookkeeping")
 
-    # Whether _device_update takes the table's update count (Adam's bias correction).
-    device_update_needs_step = False
-
-    def _device_update(self, rows, indices: tf.Tensor, grads: tf.Tensor,
-                       step: tf.Tensor | None) -> tf.Operation:
+    def _device_update(self, rows, indices: tf.Tensor, grads: tf.Tensor) -> tf.Operation:
         """The update of a device table's ``indices`` (int32, distinct, -1 skipped) by
-        ``grads`` (float32 ``[U, dim]``) as TF ops on ``rows`` (a ``DeviceRows``); ``step``:
-        the int64 scalar update count (1-based) with :attr:`device_update_needs_step`, else
-        None."""
+        ``grads`` (float32 ``[U, dim]``) as TF ops on ``rows`` (a ``DeviceRows``)."""
         raise NotImplementedError
 
     def _make_apply(self, tables, unique: bool):

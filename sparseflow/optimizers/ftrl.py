@@ -16,7 +16,7 @@ class Ftrl(SparseOptimizer):
     def slot_initial_values(self):
         return (self.hparams["initial_accumulator_value"], 0.0)
 
-    def _device_update(self, rows, indices, grads, step):
+    def _device_update(self, rows, indices, grads):
         h = self.hparams
         return rows.apply_ftrl(indices, grads, learning_rate=h["learning_rate"],
                                learning_rate_power=h["learning_rate_power"],

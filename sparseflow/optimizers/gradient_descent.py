@@ -10,7 +10,7 @@ from sparseflow.optimizers.hparams import sgd_hparams
 class GradientDescent(SparseOptimizer):
     """``w -= lr * (g + weight_decay * w)`` at the touched rows; no slots."""
 
-    def _device_update(self, rows, indices, grads, step):
+    def _device_update(self, rows, indices, grads):
         return rows.apply_sgd(indices, grads, learning_rate=self.hparams["learning_rate"],
                               weight_decay=self.hparams["weight_decay"])
 

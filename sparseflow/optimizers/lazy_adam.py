@@ -19,10 +19,9 @@ class LazyAdam(SparseOptimizer):
 
     slot_names = ("momentum", "velocity")
 
-    # The table's step counts its updates, in the same counter as the host path's.
-    device_update_needs_step = True
-
-    def _device_update(self, rows, indices, grads, step):
+    def _device_update(self, rows, indices, grads):
+        # The table's step counts its updates, in the same counter as the host path's.
+        step = self._step_tensor(rows.name)
         h = self.hparams
         return rows.apply_lazy_adam(indices, grads, step, learning_rate=h["learning_rate"],
                                     beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"])
