@@ -163,6 +163,10 @@ def main() -> None:
     speed_rounds = paired_ratios(speeds)
     ratio = {config: float(np.median(v)) for config, v in speed_rounds.items()}
     cpu_ratio = {config: float(np.median(v)) for config, v in paired_ratios(cpu_ms).items()}
+    # The issue's wording: the device tier against host rows (the same round's host baseline).
+    host_rounds = {config: np.divide(values, speeds[("host", None)])
+                   for config, values in speeds.items() if config[0] == "device"}
+    vs_host = {config: float(np.median(v)) for config, v in host_rounds.items()}
 
     def per_round(kind):   # the 10% row's, for the record
         return listed(speed_rounds[(kind, 0.1)]) if (kind, 0.1) in speed_rounds else "(not run)"
@@ -176,9 +180,11 @@ def main() -> None:
                   f"{base_cpu:.1f} CPU ms per step; final loss "
                   f"{results[(kind, None)]['loss']:.4f}):", "",
                   "| fast tier (share of keys) | C3 fast rows | steps/s | vs baseline | "
-                  "CPU ms / step | vs baseline | C3 hit rate | C3 rows in / step | "
+                  + ("vs host rows | " if kind == "device" else "")
+                  + "CPU ms / step | vs baseline | C3 hit rate | C3 rows in / step | "
                   "C3 rows out / step | final loss |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                  + ("---:|" if kind == "device" else "")]
         for share in shares:
             r, c3 = results[(kind, share)], placements(kind, share, data, distinct, scratch)["C3"]
             fast = c3["device_vocabulary_size"] + (c3["host_vocabulary_size"]
@@ -186,7 +192,9 @@ def main() -> None:
             st = r["stats"]
             lines.append(
                 f"| {share:.0%} | {fast:,} | {median[(kind, share)]:.2f} | "
-                f"{ratio[(kind, share)]:.2f} | {cpu[(kind, share)]:.1f} | "
+                f"{ratio[(kind, share)]:.2f} | "
+                + (f"{vs_host[(kind, share)]:.2f} | " if kind == "device" else "")
+                + f"{cpu[(kind, share)]:.1f} | "
                 f"{cpu_ratio[(kind, share)]:.2f} | {100 * st['hit_rate']:.1f}% | "
                 f"{st['rows_swapped_in'] / steps:,.0f} | "
                 f"{st['rows_swapped_out'] / steps:,.0f} | {r['loss']:.4f} |")
@@ -206,8 +214,10 @@ def main() -> None:
         f"to other load on a shared machine) are medians of {rounds} round-robin rounds (the "
         f"largest max/min spread of one row's steps/s across rounds: {spread:.2f}x); each "
         f"\"vs baseline\" is the median of the rounds' ratios to the same round's baseline. "
-        f"Per round, the 10% rows' ratios: device {per_round('device')}, disk "
-        f"{per_round('host')}. A fast tier is never smaller than the unique keys of the batches "
+        f"Per round, the 10% rows' ratios: device {per_round('device')} (against host rows: "
+        f"{listed(host_rounds[('device', 0.1)]) if ('device', 0.1) in host_rounds else '-'}), "
+        f"disk {per_round('host')}. \"vs host rows\" (device tier only) is the same against "
+        f"the same round's host-memory baseline, as the issue words the target. A fast tier is never smaller than the unique keys of the batches "
         f"in flight ({min_slots(data, 'C3'):,} rows for C3), so the 5% row may hold more than "
         f"5%. The first touch of every key is a miss, so even 100% has a hit rate below 1. "
         f"Every row ends at the baseline's final loss: the tiers only move rows.", "",
