@@ -148,6 +148,12 @@ def merge_batch_lookups(graph, live_tables: dict) -> int:
     return made
 
 
+def _trained(graph, table) -> bool:
+    """Whether a sparse optimizer update built in ``graph`` trains ``table``."""
+    return any(table in trained
+               for trained in graph_cache(graph, "device_updates").get("sets", ()))
+
+
 def _mergeable(alone: list, tables: frozenset, updates: list) -> bool:
     """Whether one batch's lookups ``alone`` of ``tables`` may share a claim."""
     # No lookup in a v1 control-flow context, whose ops may not read a tensor made outside.
@@ -171,6 +177,7 @@ class _TierGroup:
         names = [t.table_name for t in tables]
         k = len(tables)
         tiers = [t.tiers for t in tables]
+        graph = rows[0].graph
 
         @tf.autograph.experimental.do_not_convert
         def claim(*arrays):
@@ -178,7 +185,11 @@ class _TierGroup:
             slots = []
             try:
                 for i in range(k):
-                    slots.append(tiers[i].place(rows_in[i], int(seqs_in[i])))
+                    # A table no update in the graph trains (a frozen one) is claimed as an
+                    # evaluation batch: unpinned at its gather, since no update would ever
+                    # settle it. Else as the pipeline said.
+                    training = None if _trained(graph, tables[i]) else False
+                    slots.append(tiers[i].place(rows_in[i], int(seqs_in[i]), training))
             except BaseException:
                 # The run fails here (a full fast tier): every member's batch is released,
                 # as a gathered batch is, so no slot it placed stays pinned for good.

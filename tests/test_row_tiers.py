@@ -476,3 +476,37 @@ def test_an_update_built_after_the_start_that_splits_a_merged_claim_is_logged(ca
         sf.terminate_config_initializer()
     warned = [r.getMessage() for r in caplog.records if "start_asc_pipeline" in r.getMessage()]
     assert len(warned) == 1 and "['t1'] but not ['t2']" in warned[0]
+
+
+def test_a_frozen_tiered_device_table_pins_no_batch():
+    """t2 is looked up in training with is_grad=False and no update trains it: nothing would
+    ever settle its batches' pins, and its 150 fast slots filled within two steps
+    (CacheFullError, before this was mended). Its batches are claimed as evaluation ones,
+    unpinned at their gather, and its rows do not change."""
+    rng = np.random.default_rng(9)
+    data = {"f1": rng.integers(0, V, (B * 30, 3)).astype(np.int64),
+            "f3": rng.integers(0, 500, (B * 30, 2)).astype(np.int64)}
+    with tf.Graph().as_default():
+        sf.init()
+        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+        tables = _two_tiered_tables()
+        it = make_batch_iterator(data, B, specs)
+        batch = it.get_next()
+        e1 = sf.sparse_lookup(tables["t1"], specs[0], batch=batch)
+        e2 = sf.sparse_lookup(tables["t2"], specs[1], batch=batch, is_grad=False)
+        loss = tf.reduce_sum(e1 ** 2) + tf.reduce_sum(e2 ** 2)
+        train = lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            [(tf.gradients(loss, tables["t1"])[0], tables["t1"])])
+        sf.start_asc_pipeline()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), it.initializer])
+            first = sess.run(e2)[0]
+            key = data["f3"][0, 0]
+            for _ in range(26):
+                sess.run([train, loss])
+            t2 = tables["t2"].tiers.cache
+            claimed, swapped_out = dict(t2._pinned), t2.swapped_out
+            keys, rows = tables["t2"].export(sess)
+        sf.terminate_config_initializer()
+    assert claimed == {} and swapped_out > 0            # it churned, and holds nothing
+    np.testing.assert_array_equal(rows[list(keys).index(key)], first[0])   # untrained
