@@ -267,12 +267,15 @@ def _host_gather(table: SparseTable, rows: tf.Tensor, seq: tf.Tensor) -> tf.Tens
     dim = table.dim
     capacity = table.capacity()
     tiers = table.tiers
+    graph = rows.graph
+    from sparseflow.tiered_lookup import is_trained  # imported here: it builds on this module
 
     @tf.autograph.experimental.do_not_convert
     def gather_and_release(rows, seq):
         slots = rows
         if tiers is not None:
-            slots = tiers.place(rows, int(seq))
+            # A frozen table's batches: evaluation ones, unpinned now (nothing settles them).
+            slots = tiers.place(rows, int(seq), None if is_trained(graph, table) else False)
             tiers.swap_host(table.rows.allocate())
         values = table.rows.gather(slots)
         # The batch's rows are read. With an optimizer bound, evicted rows are freed only

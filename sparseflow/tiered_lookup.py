@@ -85,11 +85,11 @@ def tiered_gather(table, rows: tf.Tensor, seq: tf.Tensor, batch: dict | None) ->
     return lookup
 
 
-def record_device_update(graph, tables) -> None:
-    """Records that one sparse optimizer update in ``graph`` trains the device ``tables``
-    together (:func:`merge_batch_lookups` reads it). An update built after a merge that
-    trains some of a group's tables without the others is logged: a run of it claims them
-    all and keeps the others' slots pinned until their own update."""
+def record_update(graph, tables) -> None:
+    """Records that one sparse optimizer update in ``graph`` trains ``tables`` together
+    (:func:`merge_batch_lookups` and :func:`is_trained` read it). An update built after a
+    merge that trains some of a group's tables without the others is logged: a run of it
+    claims them all and keeps the others' slots pinned until their own update."""
     trained = frozenset(tables)
     cache = graph_cache(graph, "device_updates")
     cache.setdefault("sets", []).append(trained)
@@ -103,6 +103,14 @@ def record_device_update(graph, tables) -> None:
                 "update before start_asc_pipeline() to keep them apart.",
                 sorted(t.table_name for t in merged & trained),
                 sorted(t.table_name for t in merged - trained))
+
+
+def is_trained(graph, table) -> bool:
+    """Whether a sparse optimizer update built in ``graph`` trains ``table``. A tiered table
+    no update trains (a frozen one) has its batches claimed as evaluation ones, unpinned at
+    their gather: no update would ever settle them, and its fast tier would fill."""
+    return any(table in trained
+               for trained in graph_cache(graph, "device_updates").get("sets", ()))
 
 
 def merge_batch_lookups(graph, live_tables: dict) -> int:
@@ -148,12 +156,6 @@ def merge_batch_lookups(graph, live_tables: dict) -> int:
     return made
 
 
-def _trained(graph, table) -> bool:
-    """Whether a sparse optimizer update built in ``graph`` trains ``table``."""
-    return any(table in trained
-               for trained in graph_cache(graph, "device_updates").get("sets", ()))
-
-
 def _mergeable(alone: list, tables: frozenset, updates: list) -> bool:
     """Whether one batch's lookups ``alone`` of ``tables`` may share a claim."""
     # No lookup in a v1 control-flow context, whose ops may not read a tensor made outside.
@@ -185,10 +187,7 @@ class _TierGroup:
             slots = []
             try:
                 for i in range(k):
-                    # A table no update in the graph trains (a frozen one) is claimed as an
-                    # evaluation batch: unpinned at its gather, since no update would ever
-                    # settle it. Else as the pipeline said.
-                    training = None if _trained(graph, tables[i]) else False
+                    training = None if is_trained(graph, tables[i]) else False
                     slots.append(tiers[i].place(rows_in[i], int(seqs_in[i]), training))
             except BaseException:
                 # The run fails here (a full fast tier): every member's batch is released,

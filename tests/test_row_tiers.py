@@ -478,7 +478,8 @@ def test_an_update_built_after_the_start_that_splits_a_merged_claim_is_logged(ca
     assert len(warned) == 1 and "['t1'] but not ['t2']" in warned[0]
 
 
-def test_a_frozen_tiered_device_table_pins_no_batch():
+@pytest.mark.parametrize("kind", ["device_over_host", "host_over_disk"])
+def test_a_frozen_tiered_table_pins_no_batch(kind, tmp_path):
     """t2 is looked up in training with is_grad=False and no update trains it: nothing would
     ever settle its batches' pins, and its 150 fast slots filled within two steps
     (CacheFullError, before this was mended). Its batches are claimed as evaluation ones,
@@ -489,7 +490,10 @@ def test_a_frozen_tiered_device_table_pins_no_batch():
     with tf.Graph().as_default():
         sf.init()
         specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
-        tables = _two_tiered_tables()
+        init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=3)
+        tiers = _tiers(kind, tmp_path)
+        tables = {name: sf.create_table(tf.int64, dim, name, init, **tiers[name])
+                  for name, dim in (("t1", D1), ("t2", D2))}
         it = make_batch_iterator(data, B, specs)
         batch = it.get_next()
         e1 = sf.sparse_lookup(tables["t1"], specs[0], batch=batch)

@@ -205,6 +205,10 @@ class SparseOptimizer:
             (device_pairs if table.rows_on == "device" else pairs).append((grad, table))
         if not pairs and not device_pairs:
             raise_no_gradients(without_gradient, "table")
+        # What the tiers read (tiered_lookup.py): which tables an update trains together.
+        from sparseflow.tiered_lookup import record_update
+        record_update((pairs + device_pairs)[0][0].indices.graph,
+                      [table for _, table in pairs + device_pairs])
         with tf.name_scope(name or self.name):
             updates = []
             if pairs:
@@ -249,7 +253,6 @@ class SparseOptimizer:
     def _apply_device(self, pairs) -> tf.Operation:
         """TF updates of device tables, then one numpy function for their bookkeeping."""
         from sparseflow.lookup import is_batch_unique_rows
-        from sparseflow.tiered_lookup import record_device_update
 
         updates, touched = [], []
         for grad, table in pairs:
@@ -268,8 +271,6 @@ class SparseOptimizer:
                 updates.append(self._device_update(device_rows, rows, values))
             touched.append(rows)
         tables = [table for _, table in pairs]
-        # A batch's tiered lookups merge only where every update trains all of them or none.
-        record_device_update(touched[0].graph, tables)
 
         @tf.autograph.experimental.do_not_convert
         def bookkeeping(*rows_of_tables):
