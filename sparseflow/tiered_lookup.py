@@ -91,7 +91,7 @@ def record_update(graph, tables) -> None:
     merge that trains some of a group's tables without the others is logged: a run of it
     claims them all and keeps the others' slots pinned until their own update."""
     trained = frozenset(tables)
-    cache = graph_cache(graph, "device_updates")
+    cache = graph_cache(_outermost(graph), "device_updates")
     cache.setdefault("sets", []).append(trained)
     for merged in cache.get("merged", ()):
         if 0 < len(merged & trained) < len(merged):
@@ -109,8 +109,17 @@ def is_trained(graph, table) -> bool:
     """Whether a sparse optimizer update built in ``graph`` trains ``table``. A tiered table
     no update trains (a frozen one) has its batches claimed as evaluation ones, unpinned at
     their gather: no update would ever settle them, and its fast tier would fill."""
-    return any(table in trained
-               for trained in graph_cache(graph, "device_updates").get("sets", ()))
+    return any(table in trained for trained in
+               graph_cache(_outermost(graph), "device_updates").get("sets", ()))
+
+
+def _outermost(graph):
+    """The graph a function graph (a ``tf.function`` or v2 control-flow branch traced inside
+    ``graph``) sits in, outermost first: an update and the lookup it trains may be built at
+    different depths, and both must read one record."""
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
 
 
 def merge_batch_lookups(graph, live_tables: dict) -> int:
@@ -130,7 +139,7 @@ def merge_batch_lookups(graph, live_tables: dict) -> int:
     lookups = graph_cache(graph, "tier_lookups", create=False)
     if not lookups:
         return 0
-    cache = graph_cache(graph, "device_updates")
+    cache = graph_cache(_outermost(graph), "device_updates")
     updates = cache.get("sets", [])
     made = 0
     for alone in lookups.values():

@@ -514,3 +514,19 @@ def test_a_frozen_tiered_table_pins_no_batch(kind, tmp_path):
         sf.terminate_config_initializer()
     assert claimed == {} and swapped_out > 0            # it churned, and holds nothing
     np.testing.assert_array_equal(rows[list(keys).index(key)], first[0])   # untrained
+
+
+def test_an_update_built_inside_a_function_graph_counts_for_the_lookups_outside_it():
+    """An update's tables are recorded on the outermost graph: an update built in a function
+    graph (a tf.function traced inside the Session graph, a v2 control-flow branch) and a
+    lookup in the graph around it read one record. Otherwise the trained table would look
+    frozen, and its batches' slots be unpinned before its update."""
+    from sparseflow.tiered_lookup import is_trained, record_update
+
+    table, other = object(), object()
+    with tf.Graph().as_default() as graph:
+        inner = tf.function(lambda: tf.constant(1)).get_concrete_function().graph
+        assert inner.outer_graph is graph
+        record_update(inner, [table])
+        assert is_trained(graph, table) and is_trained(inner, table)
+        assert not is_trained(graph, other)
