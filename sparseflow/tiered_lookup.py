@@ -190,6 +190,10 @@ class _TierGroup:
         tiers = [t.tiers for t in tables]
         graph = rows[0].graph
 
+        def release_all(seqs_in):
+            for table, seq in zip(tables, seqs_in):
+                table.release_batch(int(seq), drain=table.rows.optimizer is None)
+
         @tf.autograph.experimental.do_not_convert
         def claim(*arrays):
             seqs_in, rows_in = arrays[:k], arrays[k:]
@@ -201,8 +205,7 @@ class _TierGroup:
             except BaseException:
                 # The run fails here (a full fast tier): every member's batch is released,
                 # as a gathered batch is, so no slot it placed stays pinned for good.
-                for table, seq in zip(tables, seqs_in):
-                    table.release_batch(int(seq), drain=table.rows.optimizer is None)
+                release_all(seqs_in)
                 raise
             return slots
 
@@ -211,14 +214,13 @@ class _TierGroup:
                                   name=f"sparseflow_claim_{'_'.join(names)}")
         for s, r in zip(slots, rows):
             s.set_shape(r.shape)
-        device_rows = [t.rows.rows_in(rows[0].graph) for t in tables]
+        device_rows = [t.rows.rows_in(graph) for t in tables]
         swapped = tier_swaps(tables, slots, wanted=lambda: not self.superseded)
         gathered = [d.gather(read_after(swapped, s)) for d, s in zip(device_rows, slots)]
 
         @tf.autograph.experimental.do_not_convert
         def release(*seqs_in):
-            for table, seq in zip(tables, seqs_in):
-                table.release_batch(int(seq), drain=table.rows.optimizer is None)
+            release_all(seqs_in)
             return np.int64(0)
 
         with tf.control_dependencies(gathered):

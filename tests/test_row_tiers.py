@@ -246,6 +246,18 @@ def _two_tiered_tables():
             for name, dim in (("t1", D1), ("t2", D2))}
 
 
+def _two_table_batch(data):
+    """f1 on t1 and f3 on t2 (:func:`_two_tiered_tables`) through one insert function:
+    (tables, iterator, each spec's loss: the sum of its squared embeddings)."""
+    specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
+    tables = _two_tiered_tables()
+    it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
+    batch = it.get_next()
+    losses = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
+              for s in specs]
+    return tables, it, losses
+
+
 def _tier_functions_run(sess, fetch) -> dict:
     """Runs ``fetch`` once, traced; per tier step boundary, how many numpy functions ran."""
     meta = tf.compat.v1.RunMetadata()
@@ -296,12 +308,7 @@ def test_tiered_device_tables_trained_apart_keep_their_own_claims():
     data = _data(seed=5, steps=30)
     with tf.Graph().as_default():
         sf.init()
-        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
-        tables = _two_tiered_tables()
-        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
-        batch = it.get_next()
-        loss_1, loss_2 = (tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s,
-                                                         batch=batch) ** 2) for s in specs)
+        tables, it, (loss_1, loss_2) = _two_table_batch(data)
         train_1, train_2 = (lazy_adam.create_hash_optimizer(0.05).apply_gradients(
             [(tf.gradients(loss, t)[0], t)]) for loss, t in ((loss_1, tables["t1"]),
                                                             (loss_2, tables["t2"])))
@@ -459,12 +466,7 @@ def test_an_update_built_after_the_start_that_splits_a_merged_claim_is_logged(ca
     data = _data(seed=8, steps=4)
     with tf.Graph().as_default():
         sf.init()
-        specs = [sf.FeatureSpec("f1", table_name="t1"), sf.FeatureSpec("f3", table_name="t2")]
-        tables = _two_tiered_tables()
-        it = make_batch_iterator({f: data[f] for f in ("f1", "f3")}, B, specs)
-        batch = it.get_next()
-        losses = [tf.reduce_sum(sf.sparse_lookup(tables[s.table_name], s, batch=batch) ** 2)
-                  for s in specs]
+        tables, it, losses = _two_table_batch(data)
         optimizer = lazy_adam.create_hash_optimizer(0.05)
         optimizer.apply_gradients(list(zip(tf.gradients(losses[0] + losses[1],
                                                         list(tables.values())),
