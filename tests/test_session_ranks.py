@@ -105,6 +105,33 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
                                            else "device")
 
 
+@pytest.mark.parametrize("rows", ["disk", "device-tier"])
+def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows):
+    """Table a is looked up with is_grad=False and no update trains it. Its tiered shards
+    claimed each batch's fast slots as a training batch's, pinned until an update that
+    never came: CacheFullError by the fourth step (before this was mended). Its claims are
+    now an evaluation's, unpinned at the release: two ranks train b and the dense layer as
+    one process with host rows does, and a's rows stay as they were initialised."""
+    alone, ranks = tmp_path / "alone", tmp_path / "ranks"
+    for d in (alone, ranks):
+        d.mkdir()
+    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen-a"], None)
+    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen-a", "--rows", rows], 2)
+    one, two = _shards(alone, 1)[0], _shards(ranks, 2)
+    for shard in two:
+        np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
+    b = _merged(two, "b")
+    for name in ("keys", "weights", "momentum", "velocity", "counts", "last_seen"):
+        np.testing.assert_allclose(b[name], one[f"b/{name}"], rtol=0, atol=1e-5, err_msg=name)
+    keys = np.concatenate([shard["a/keys"] for shard in two])
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(keys[order], one["a/keys"])
+    np.testing.assert_array_equal(np.concatenate([shard["a/weights"] for shard in two])[order],
+                                  one["a/weights"])
+    assert "a/momentum" not in one   # no optimizer ever held a
+    assert all(len(shard["a/keys"]) > 120 for shard in two)   # more keys than fast slots
+
+
 def test_device_row_shards_save_and_resume_on_two_ranks_and_in_one_process(
         one_and_two_ranks, tmp_path):
     """Shards in TF variables saved after step 6 resume exactly, on 2 ranks with device rows

@@ -11,6 +11,8 @@ it) or ``KeyRouter.update`` (TF2 faces: applied there) takes it.
 
 from __future__ import annotations
 
+import weakref
+
 import tensorflow as tf
 
 from sparseflow.distributed.sharding import PAD_KEY
@@ -49,6 +51,9 @@ class BatchExchange:
         self.send, self.counts, self.place, self.timestamp = send, counts, place, timestamp
         self.train, self.stamped = train, stamped
         self._keep = [keep]   # whether a gradient will come: a cell the numpy functions share
+        # Whether the gradient goes to the user's sparse optimizer (owner_gradients), which
+        # records the tables it trains, rather than to the owners' optimizers (update).
+        self._users_update = [False]
         # A TF2 training step's update as TF ops (the gradients' sum and the optimizers'
         # compiled update) rather than a numpy function: the lookup hands the token over.
         self.in_graph = keep and train and router.updates_in_graph
@@ -87,9 +92,12 @@ class BatchExchange:
             return router_ref().process(received, received_counts,
                                         int(step_time) if stamped else None, train)
 
+        untrained = _untrained_test(router_ref, self._users_update,
+                                    getattr(self.send, "graph", None))   # None: eager
+
         @tf.autograph.experimental.do_not_convert
         def read(token):
-            return router_ref().gather(token, keep=keep[0], flags=flags)
+            return router_ref().gather(token, keep=keep[0], flags=flags, untrained=untrained)
 
         @tf.autograph.experimental.do_not_convert
         def process_and_read(received, received_counts, step_time):
@@ -138,7 +146,7 @@ class BatchExchange:
             else:
                 self.token = tf.numpy_function(span.guard(process), arguments, tf.int64,
                                                stateful=True, name="sparseflow_owner_keys")
-                device = self._device_reads(width, span)
+                device = self._device_reads(width, span, untrained)
                 # After the device tables' reads: the host read releases an evaluation's keys.
                 with tf.control_dependencies([values for _, values in device]):
                     reply = tf.numpy_function(span.guard(read), [self.token], tf.float32,
@@ -162,14 +170,14 @@ class BatchExchange:
         values = tf.gather(back[:, :max_dim] if flags else back, self.where)
         return values, (tf.gather(back[:, max_dim] > 0.5, self.where) if flags else None)
 
-    def _device_reads(self, width: int, span) -> list:
+    def _device_reads(self, width: int, span, untrained) -> list:
         """Per table with rows on the device, the owner's read as TF ops, as one process's
         lookup reads it (``lookup.py``): the rows the key processor assigned since the last
         read written with their initial values, or a tiered table's swaps run, then the
         received entries' rows gathered. Returns ``[(entries int64 [E], values float32
         [E, width])]``, each entry's flat place in the reply and its row (zeros where the
         key owns none). ``span``: the forward's ``WatchSpan``, whose end a failing numpy
-        function reports."""
+        function reports; ``untrained``: ``KeyRouter.gather``'s."""
         from sparseflow.lookup import pending_rows_written, read_after
         from sparseflow.tiered_lookup import tier_swaps
 
@@ -182,7 +190,7 @@ class BatchExchange:
 
             @tf.autograph.experimental.do_not_convert
             def entries_of(token, t=t):
-                return router_ref().device_entries(token, t)
+                return router_ref().device_entries(token, t, untrained)
 
             rows, restore, entries = tf.numpy_function(
                 span.guard(entries_of), [self.token], [tf.int32, tf.int32, tf.int64],
@@ -217,6 +225,7 @@ class BatchExchange:
 
         tables, router_ref = self.router.tables, self._router
         received = self.to_owners(dy)
+        self._users_update[0] = True
 
         @tf.autograph.experimental.do_not_convert
         def summed(token, grads):
@@ -326,3 +335,23 @@ def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
         reply = max_dim + int(flags)
         exchange = others * (n_tables * 4 + 12 + m * 16 + m * reply * 4 + m * max_dim * 4)
     return exchange + 2.0 * others / world_size * dense_parameters * 4
+
+
+def _untrained_test(router_ref, users_update: list, graph):
+    """A test, at run time, of whether no update trains table ``t``'s rows of a batch
+    (``KeyRouter.gather``'s ``untrained``): the table has no optimizer, or its gradient
+    goes to the user's sparse optimizer (``users_update[0]``) and no update built in
+    ``graph`` trains it (``tiered_lookup.is_trained``). The graph is held weakly: TF2 keeps
+    a numpy function for the life of the process."""
+    from sparseflow.tiered_lookup import is_trained
+
+    graph_ref = weakref.ref(graph) if graph is not None else lambda: None
+
+    def untrained(t: int) -> bool:
+        table = router_ref().tables[t]
+        if table.rows.optimizer is None:
+            return True
+        graph = graph_ref()
+        return users_update[0] and graph is not None and not is_trained(graph, table)
+
+    return untrained

@@ -256,7 +256,8 @@ class KeyRouter:
         return np.int64(token)
 
     @_timed("gather")
-    def gather(self, token: int, keep: bool = True, flags: bool = False) -> np.ndarray:
+    def gather(self, token: int, keep: bool = True, flags: bool = False,
+               untrained=None) -> np.ndarray:
         """The embeddings of :meth:`process` ``token``'s entries: float32 ``[N, m,
         max_dim]``, each at the entry's place (zeros for padding and keys without a row).
         Read at call time: after the previous step's update.
@@ -267,6 +268,8 @@ class KeyRouter:
             releases it now (no gradient will come).
           flags: one more column (``[N, m, max_dim + 1]``) saying whether the entry's key
             owns a row (1.0) or not (0.0).
+          untrained: called with a tiered table's index: True when no update will train
+            its rows of this batch (see :meth:`_claim`); None: every table is trained.
 
         Raises:
           RuntimeError: ``token`` is not pending.
@@ -285,7 +288,7 @@ class KeyRouter:
                 if not (pending.train and keep):
                     table.release_batch(result.seq, drain=True)
                 continue
-            slots = self._claim(pending, t)
+            slots = self._claim(pending, t, untrained)
             if table.tiers is not None:   # a disk tier: the queued moves, before the read
                 table.tiers.swap_host(table.rows.allocate())
             with table.rows.pinned() as storage:
@@ -379,13 +382,13 @@ class KeyRouter:
         for table, (_, result) in zip(self.tables, pending.tables if pending else ()):
             table.release_batch(result.seq, drain=True)
 
-    def device_entries(self, token: int, t: int) -> tuple:
+    def device_entries(self, token: int, t: int, untrained=None) -> tuple:
         """For table ``t`` of :meth:`process` ``token`` (its rows on the device, read by TF
         ops): the unique rows (int32 ``[U]``, -1 for keys without a row; a tiered table's
         fast slots, claimed now), each received
         entry's index among them (int32 ``[E]``) and the entry's flat place in the
         ``[N * m]`` reply (int64 ``[E]``). Call before :meth:`gather`, which releases an
-        evaluation's token.
+        evaluation's token. ``untrained``: as :meth:`gather`'s.
 
         Raises:
           RuntimeError: ``token`` is not pending.
@@ -393,20 +396,25 @@ class KeyRouter:
         with self._lock:
             pending = self._take(token, pop=False)
         entries, result = pending.tables[t]
-        rows = self._claim(pending, t)   # a host tier's swaps: the caller's, before its gather
+        # A host tier's swaps: the caller's, before its gather.
+        rows = self._claim(pending, t, untrained)
         return (np.ascontiguousarray(rows, np.int32),
                 np.ascontiguousarray(result.restore, np.int32),
                 np.ascontiguousarray(entries, np.int64))
 
-    def _claim(self, pending: _Pending, t: int) -> np.ndarray:
+    def _claim(self, pending: _Pending, t: int, untrained=None) -> np.ndarray:
         """Where table ``t``'s rows of ``pending`` are read and updated: a tiered table's
         rows claim fast slots now (unless the processor placed them early), kept for the
-        update; other tables' rows are their own."""
+        update; other tables' rows are their own. A tiered table that ``untrained(t)``
+        says no update trains (a frozen one) claims its slots as an evaluation's, unpinned
+        at the release: no update would settle them, and its fast tier would fill."""
         _, result = pending.tables[t]
         table = self.tables[t]
         if table.tiers is None:
             return result.rows
-        pending.slots[t] = table.tiers.place(result.rows, int(result.seq))
+        frozen = untrained is not None and untrained(t)
+        pending.slots[t] = table.tiers.place(result.rows, int(result.seq),
+                                             False if frozen else None)
         return pending.slots[t]
 
     def _take(self, token: int, pop: bool) -> _Pending:

@@ -6,6 +6,7 @@ by tests/test_session_ranks.py: the same global batches either way.
                                                         [--modify-graph] [--die-at K]
                                                         [--shared-prefix]
                                                         [--rows host|disk|expanding|device|device-tier]
+                                                        [--frozen-a]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
@@ -16,7 +17,8 @@ every rank saves to ``PREFIX-K`` itself (refused over several ranks). ``--rows d
 table a keeps 120 of its 4000 rows in memory over a disk tier; ``--rows expanding``: both
 tables grow (``init(use_dynamic_expansion=True)``); ``--rows device``: both tables keep
 their rows in TF variables (``rows_on="device"``); ``--rows device-tier``: table a keeps 120
-device slots over host homes for its 4000 rows.
+device slots over host homes for its 4000 rows. ``--frozen-a``: table a is looked up with
+``is_grad=False`` and no update trains it (only b and the dense layer train).
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -43,7 +45,7 @@ GLOBAL_BATCH = 32
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
          start: int, modify_graph: bool, die_at: int = 0, shared_prefix: bool = False,
-         rows: str = "host") -> None:
+         rows: str = "host", frozen_a: bool = False) -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init(use_dynamic_expansion=rows == "expanding")
     rank, size = collectives.rank_and_size()
@@ -80,8 +82,9 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     else:
         ds = ds.map(sf.get_asc_insert_func(tgt_key_specs=specs))
         batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-        pooled = [tf.reduce_sum(sf.sparse_lookup(tables[0 if s.table_name == "a" else 1], s,
-                                                 batch=batch), 1) for s in specs[:3]]
+        pooled = [tf.reduce_sum(sf.sparse_lookup(
+            tables[0 if s.table_name == "a" else 1], s, batch=batch,
+            is_grad=not (frozen_a and s.table_name == "a")), 1) for s in specs[:3]]
     x = tf.concat(pooled, axis=1)
     w0 = np.random.default_rng(5).normal(0, 0.3, (int(x.shape[1]), 1)).astype(np.float32)
     w = tf.compat.v1.get_variable("w", initializer=w0)
@@ -90,6 +93,8 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
                                                                   logits=logit))
     loss = local / GLOBAL_BATCH
     dense, sparse = sf.get_dense_and_sparse_variable()
+    if frozen_a:
+        sparse = [table for table in sparse if table.table_name != "a"]
     if rows == "expanding":   # expanding tables train through their local embeddings
         sparse = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_LOCAL_EMB")
         addresses = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_ID_OFFSET")
@@ -147,6 +152,7 @@ if __name__ == "__main__":
     parser.add_argument("--shared-prefix", action="store_true")
     parser.add_argument("--rows", choices=["host", "disk", "expanding", "device",
                                            "device-tier"], default="host")
+    parser.add_argument("--frozen-a", action="store_true")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
-         a.die_at, a.shared_prefix, a.rows)
+         a.die_at, a.shared_prefix, a.rows, a.frozen_a)
