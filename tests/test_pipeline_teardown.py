@@ -77,8 +77,8 @@ def test_sparseflow_train_stops_with_the_pipelines_error(tmp_path, fast_rows):
                            "--no-progress"])
     assert code == 1, (out + err)[-3000:]
     assert re.search(r"^error: training stopped after step \d+: CacheFullError: Table `C3`: "
-                     r"a batch needs \d+ rows moved into the fast tier, but only \d+ of its "
-                     rf"{fast_rows} slots \(device_vocabulary_size={fast_rows}, "
+                     r"a batch has \d+ distinct rows \(\d+ of them not in the fast tier\), "
+                     rf"more than its {fast_rows} slots \(device_vocabulary_size={fast_rows}, "
                      r"host_vocabulary_size=100000\)", err, re.M), err[-3000:]
     assert "Traceback" not in err
 
@@ -86,8 +86,8 @@ def test_sparseflow_train_stops_with_the_pipelines_error(tmp_path, fast_rows):
 def test_a_session_script_exits_with_the_pipelines_error(tmp_path):
     code, out, err = _run(["-m", "tests.workers.full_fast_tier", "1012"])
     assert code == 1, (out + err)[-3000:]
-    assert re.search(r"CacheFullError: Table `t`: a batch needs \d+ rows moved into the fast "
-                     r"tier, but only \d+ of its 1012 slots", err), err[-3000:]
+    assert re.search(r"CacheFullError: Table `t`: a batch has \d+ distinct rows \(\d+ of them "
+                     r"not in the fast tier\), more than its 1012 slots", err), err[-3000:]
 
 
 def test_a_failed_run_releases_its_session_before_the_error_leaves(tmp_path):

@@ -433,9 +433,10 @@ def test_read_ahead_past_the_fast_tier_trains_as_all_rows_in_memory(tmp_path, ki
 def test_a_fast_tier_smaller_than_a_step_still_raises(tmp_path):
     tier = dict(device_vocabulary_size=60, host_vocabulary_size=40, ssd_vocabulary_size=2900,
                 ssd_data_path=str(tmp_path))
-    with pytest.raises(tf.errors.OpError, match=r"CacheFullError: Table `t`: a batch needs "
-                                                r"\d+ rows moved into the fast tier, but only "
-                                                r"\d+ of its 100 slots \(device_vocabulary_size "
+    with pytest.raises(tf.errors.OpError, match=r"CacheFullError: Table `t`: a batch has "
+                                                r"\d+ distinct rows \(\d+ of them not in the "
+                                                r"fast tier\), more than its 100 slots "
+                                                r"\(device_vocabulary_size "
                                                 r"\+ host_vocabulary_size = 100, "
                                                 r"ssd_vocabulary_size=2900\)"):
         _tier_training(tier)
@@ -476,8 +477,8 @@ def test_the_process_ends_promptly_when_a_step_fails_with_the_session_left_alive
     sparseflow deletes live sessions at exit, before finalization."""
     code, out, err = _run_worker("tests.workers.failed_step_session", str(tmp_path))
     assert code == 1, (out + err)[-3000:]
-    assert re.search(r"CacheFullError: Table `t`: a batch needs \d+ rows moved into the fast "
-                     r"tier, but only \d+ of its 2000 slots", err), err[-3000:]
+    assert re.search(r"CacheFullError: Table `t`: a batch has \d+ distinct rows \(\d+ of them "
+                     r"not in the fast tier\), more than its 2000 slots", err), err[-3000:]
 
 
 # -- 6. compute_gradients ---------------------------------------------------------------------

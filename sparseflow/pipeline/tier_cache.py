@@ -210,11 +210,17 @@ class TierCache:
                     return None
                 victims, eligible = self._take_back(resident, n_victims)
             if eligible < n_victims:
+                if n + n_resident > self.slots:   # no placement could hold the batch
+                    need = (f"a batch has {n + n_resident} distinct rows ({n} of them not "
+                            f"in the fast tier), more than its {self.slots} slots "
+                            f"({self.size_hint})")
+                else:
+                    need = (f"a batch needs {n} rows moved into the fast tier, but only "
+                            f"{take_free.shape[0] + eligible} of its {self.slots} slots "
+                            f"({self.size_hint}) are free or unused by the "
+                            f"{len(self._pinned)} batches in flight")
                 raise CacheFullError(
-                    f"Table `{self.table_name}`: a batch needs {n} rows moved into the "
-                    f"fast tier, but only {take_free.shape[0] + eligible} of "
-                    f"its {self.slots} slots ({self.size_hint}) are free or unused by the "
-                    f"{len(self._pinned)} batches in flight. Raise the fast tier's size "
+                    f"Table `{self.table_name}`: {need}. Raise the fast tier's size "
                     f"to at least the unique keys of the batches one step reads (batches "
                     f"the pipeline reads ahead give their slots back). (A training batch "
                     f"stays in flight from its gather until its sparse optimizer's update: "
