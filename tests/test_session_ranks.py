@@ -105,8 +105,10 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
                                            else "device")
 
 
-@pytest.mark.parametrize("rows", ["disk", "device-tier"])
-def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows):
+@pytest.mark.parametrize("rows, flags", [("disk", ()), ("device-tier", ()),
+                                         ("device-tier", ("--modify-graph",))],
+                         ids=["disk", "device-tier", "device-tier-modify-graph"])
+def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows, flags):
     """Table a is looked up with is_grad=False and no update trains it. Its tiered shards
     claimed each batch's fast slots as a training batch's, pinned until an update that
     never came: CacheFullError by the fourth step (before this was mended). Its claims are
@@ -115,8 +117,9 @@ def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, 
     alone, ranks = tmp_path / "alone", tmp_path / "ranks"
     for d in (alone, ranks):
         d.mkdir()
-    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen-a"], None)
-    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen-a", "--rows", rows], 2)
+    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen-a", *flags], None)
+    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen-a", "--rows", rows,
+               *flags], 2)
     one, two = _shards(alone, 1)[0], _shards(ranks, 2)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)

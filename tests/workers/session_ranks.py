@@ -76,6 +76,7 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         tf.compat.v1.add_to_collection("ASCEND_TIMESTAMP", batch["ts"])
         pooled = [tf.reduce_sum(sf.sparse_lookup(
             tables[0 if s.table_name == "a" else 1], batch[s.name], modify_graph=True,
+            is_grad=not (frozen_a and s.table_name == "a"),
             access_and_evict_config=None if s.table_name == "b" else {
                 "access_threshold": 2, "faae_coefficient": s.faae_coefficient}), 1)
             for s in specs[:3]]
