@@ -105,20 +105,25 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
                                            else "device")
 
 
-@pytest.mark.parametrize("rows, flags", [("disk", ()), ("device-tier", ()),
-                                         ("device-tier", ("--modify-graph",))],
-                         ids=["disk", "device-tier", "device-tier-modify-graph"])
-def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows, flags):
-    """Table a is looked up with is_grad=False and no update trains it. Its tiered shards
-    claimed each batch's fast slots as a training batch's, pinned until an update that
-    never came: CacheFullError by the fourth step (before this was mended). Its claims are
-    now an evaluation's, unpinned at the release: two ranks train b and the dense layer as
-    one process with host rows does, and a's rows stay as they were initialised."""
+@pytest.mark.parametrize("rows, flags, frozen", [
+    ("disk", (), "a"), ("device-tier", (), "a"), ("device-tier", ("--modify-graph",), "a"),
+    ("disk", (), "all"), ("device-tier", (), "all")],
+    ids=["disk", "device-tier", "device-tier-modify-graph", "disk-all-bound",
+         "device-tier-all-bound"])
+def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows, flags,
+                                                                      frozen):
+    """Table a is looked up with is_grad=False and no update trains it (with frozen "all",
+    neither table is, though both were created with a sparse optimizer, so that the batch
+    sends no gradient to the owners at all). Its tiered shards claimed each batch's fast
+    slots as a training batch's, pinned until an update that never came: CacheFullError by
+    the fourth step (before this was mended). Its claims are now an evaluation's, unpinned
+    at the release: two ranks train as one process with host rows does, and a's rows stay
+    as they were initialised."""
     alone, ranks = tmp_path / "alone", tmp_path / "ranks"
     for d in (alone, ranks):
         d.mkdir()
-    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen-a", *flags], None)
-    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen-a", "--rows", rows,
+    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen", frozen, *flags], None)
+    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen", frozen, "--rows", rows,
                *flags], 2)
     one, two = _shards(alone, 1)[0], _shards(ranks, 2)
     for shard in two:
@@ -131,7 +136,8 @@ def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, 
     np.testing.assert_array_equal(keys[order], one["a/keys"])
     np.testing.assert_array_equal(np.concatenate([shard["a/weights"] for shard in two])[order],
                                   one["a/weights"])
-    assert "a/momentum" not in one   # no optimizer ever held a
+    if "a/momentum" in one:   # bound to an optimizer (frozen "all"), never applied
+        assert not np.any(one["a/momentum"]) and not np.any(one["a/velocity"])
     assert all(len(shard["a/keys"]) > 120 for shard in two)   # more keys than fast slots
 
 

@@ -92,7 +92,7 @@ class BatchExchange:
             return router_ref().process(received, received_counts,
                                         int(step_time) if stamped else None, train)
 
-        untrained = _untrained_test(router_ref, self._users_update,
+        untrained = _untrained_test(router_ref, keep, self._users_update,
                                     getattr(self.send, "graph", None))   # None: eager
 
         @tf.autograph.experimental.do_not_convert
@@ -337,19 +337,20 @@ def step_bytes(widths: list, world_size: int, n_tables: int, max_dim: int, *,
     return exchange + 2.0 * others / world_size * dense_parameters * 4
 
 
-def _untrained_test(router_ref, users_update: list, graph):
+def _untrained_test(router_ref, keep: list, users_update: list, graph):
     """A test, at run time, of whether no update trains table ``t``'s rows of a batch
-    (``KeyRouter.gather``'s ``untrained``): the table has no optimizer, or its gradient
-    goes to the user's sparse optimizer (``users_update[0]``) and no update built in
-    ``graph`` trains it (``tiered_lookup.is_trained``). The graph is held weakly: TF2 keeps
-    a numpy function for the life of the process."""
+    (``KeyRouter.gather``'s ``untrained``): the table has no optimizer; or no gradient of the
+    batch goes to the owners (``keep[0]``: nothing built :meth:`BatchExchange.to_owners`);
+    or it goes to the user's sparse optimizer (``users_update[0]``) and no update built in
+    ``graph`` trains the table (``tiered_lookup.is_trained``). The graph is held weakly: TF2
+    keeps a numpy function for the life of the process."""
     from sparseflow.tiered_lookup import is_trained
 
     graph_ref = weakref.ref(graph) if graph is not None else lambda: None
 
     def untrained(t: int) -> bool:
         table = router_ref().tables[t]
-        if table.rows.optimizer is None:
+        if table.rows.optimizer is None or not keep[0]:
             return True
         graph = graph_ref()
         return users_update[0] and graph is not None and not is_trained(graph, table)

@@ -6,7 +6,7 @@ by tests/test_session_ranks.py: the same global batches either way.
                                                         [--modify-graph] [--die-at K]
                                                         [--shared-prefix]
                                                         [--rows host|disk|expanding|device|device-tier]
-                                                        [--frozen-a]
+                                                        [--frozen a|all]
 
 ``--save-at K``: save after global step K to ``PREFIX-{rank}-K`` (per-rank prefixes, as Rec
 SDK's programs name them). ``--restore PREFIX --start K``: restore that checkpoint (saved by
@@ -17,8 +17,10 @@ every rank saves to ``PREFIX-K`` itself (refused over several ranks). ``--rows d
 table a keeps 120 of its 4000 rows in memory over a disk tier; ``--rows expanding``: both
 tables grow (``init(use_dynamic_expansion=True)``); ``--rows device``: both tables keep
 their rows in TF variables (``rows_on="device"``); ``--rows device-tier``: table a keeps 120
-device slots over host homes for its 4000 rows. ``--frozen-a``: table a is looked up with
-``is_grad=False`` and no update trains it (only b and the dense layer train).
+device slots over host homes for its 4000 rows. ``--frozen a``: table a is looked up with
+``is_grad=False`` and no update trains it (only b and the dense layer train); ``--frozen
+all``: both tables are, though created with a sparse optimizer (``optimizer_list``, Rec
+SDK's style), and only the dense layer trains.
 
 Two tables (one shared by two feature specs), admission, timestamps, lazy Adam on the
 tables and Adam on a dense layer whose gradients are all-reduced with "sum"; the loss is
@@ -45,7 +47,7 @@ GLOBAL_BATCH = 32
 
 def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
          start: int, modify_graph: bool, die_at: int = 0, shared_prefix: bool = False,
-         rows: str = "host", frozen_a: bool = False) -> None:
+         rows: str = "host", frozen: str = "") -> None:
     tf.compat.v1.disable_eager_execution()
     sf.init(use_dynamic_expansion=rows == "expanding")
     rank, size = collectives.rank_and_size()
@@ -64,6 +66,8 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     elif rows == "device-tier":   # 120 device slots over 4000 host homes
         a_rows = {"device_vocabulary_size": 120, "host_vocabulary_size": 3880}
     placed = {"rows_on": "device"} if rows in ("device", "device-tier") else {}
+    if frozen == "all":   # bound to an optimizer that no update applies
+        placed["optimizer_list"] = [lazy_adam.create_hash_optimizer(0.05)]
     tables = [sf.create_table(tf.int64, 8, "a", init, **a_rows, **placed),
               sf.create_table(tf.int64, 4, "b", init, device_vocabulary_size=200, **placed)]
     # Rank r reads examples r, r + N, ...: its part of every global batch (Rec SDK's
@@ -76,7 +80,7 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         tf.compat.v1.add_to_collection("ASCEND_TIMESTAMP", batch["ts"])
         pooled = [tf.reduce_sum(sf.sparse_lookup(
             tables[0 if s.table_name == "a" else 1], batch[s.name], modify_graph=True,
-            is_grad=not (frozen_a and s.table_name == "a"),
+            is_grad=not _frozen(frozen, s.table_name),
             access_and_evict_config=None if s.table_name == "b" else {
                 "access_threshold": 2, "faae_coefficient": s.faae_coefficient}), 1)
             for s in specs[:3]]
@@ -85,7 +89,7 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
         pooled = [tf.reduce_sum(sf.sparse_lookup(
             tables[0 if s.table_name == "a" else 1], s, batch=batch,
-            is_grad=not (frozen_a and s.table_name == "a")), 1) for s in specs[:3]]
+            is_grad=not _frozen(frozen, s.table_name)), 1) for s in specs[:3]]
     x = tf.concat(pooled, axis=1)
     w0 = np.random.default_rng(5).normal(0, 0.3, (int(x.shape[1]), 1)).astype(np.float32)
     w = tf.compat.v1.get_variable("w", initializer=w0)
@@ -94,19 +98,18 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
                                                                   logits=logit))
     loss = local / GLOBAL_BATCH
     dense, sparse = sf.get_dense_and_sparse_variable()
-    if frozen_a:
-        sparse = [table for table in sparse if table.table_name != "a"]
+    sparse = [table for table in sparse if not _frozen(frozen, table.table_name)]
     if rows == "expanding":   # expanding tables train through their local embeddings
         sparse = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_LOCAL_EMB")
         addresses = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_ID_OFFSET")
     grads = tf.gradients(loss, dense + sparse)
     dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
-    sparse_step = (lazy_adam_by_addr.create_hash_optimizer_by_address(0.05).apply_gradients(
+    sparse_step = None if not sparse else (lazy_adam_by_addr.create_hash_optimizer_by_address(0.05).apply_gradients(
         zip(grads[len(dense):], addresses)) if rows == "expanding" else
         lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
     train = tf.group(
         tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense)),
-        sparse_step)
+        *([sparse_step] if sparse else []))
     global_loss = collectives.all_reduce(loss, "sum")
     saver = sf.Saver()
     if modify_graph:
@@ -140,6 +143,11 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
     sf.terminate_config_initializer()
 
 
+def _frozen(frozen: str, table_name: str) -> bool:
+    """Whether ``--frozen`` leaves table ``table_name`` untrained."""
+    return frozen == "all" or (frozen == "a" and table_name == "a")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -153,7 +161,7 @@ if __name__ == "__main__":
     parser.add_argument("--shared-prefix", action="store_true")
     parser.add_argument("--rows", choices=["host", "disk", "expanding", "device",
                                            "device-tier"], default="host")
-    parser.add_argument("--frozen-a", action="store_true")
+    parser.add_argument("--frozen", choices=["a", "all"], default="")
     a = parser.parse_args()
     main(a.out_dir, a.steps, a.save_at, a.save_to, a.restore, a.start, a.modify_graph,
-         a.die_at, a.shared_prefix, a.rows, a.frozen_a)
+         a.die_at, a.shared_prefix, a.rows, a.frozen)
