@@ -137,10 +137,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="60 steps, 3 shares, 1 round")
+    parser.add_argument("--shares", default="",
+                        help="comma-separated fast-tier shares to run, e.g. 0.1 (default: "
+                             f"{', '.join(map(str, SHARES))}); the baselines always run")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     steps, rounds = (60, 1) if args.quick else (args.steps, args.rounds)
     shares = (1.0, 0.25, 0.05) if args.quick else SHARES
+    if args.shares:
+        try:
+            shares = tuple(float(x) for x in args.shares.split(","))
+        except ValueError:
+            shares = ()
+        if not shares or not all(0 < x <= 1 for x in shares):
+            parser.error(f"--shares: comma-separated numbers, each in (0, 1]; received "
+                         f"{args.shares!r}")
     data = stream(steps)
     distinct = {name: int(np.unique(data[name]).shape[0]) for name in CARDINALITIES}
     scratch = tempfile.mkdtemp(prefix="sparseflow-bench-tiers-")
