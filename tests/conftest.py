@@ -19,6 +19,15 @@ def _host_rows_unless_asked(monkeypatch):
     monkeypatch.setattr(sparseflow.table, "default_rows_on", lambda: "host")
 
 
+@pytest.fixture(autouse=True)
+def _no_runtime_left_behind():
+    """A test that fails between its ``init`` and its ``terminate_config_initializer`` would
+    leave the runtime active, and every later test of its worker would fail at its own
+    ``init`` (AlreadyInitializedError): ending it here keeps one failure one failure."""
+    yield
+    sf.terminate_config_initializer()
+
+
 @pytest.fixture
 def graph():
     """A fresh default graph for tf.compat.v1 code; sparseflow init/terminate around it."""
