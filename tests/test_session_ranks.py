@@ -34,6 +34,21 @@ def one_and_two_ranks(tmp_path_factory):
     return first, second, one, two
 
 
+@pytest.fixture(scope="module")
+def frozen_alone(tmp_path_factory):
+    """The one-process reference for ``--frozen`` with the given flags, run once per module:
+    the tiers only change the two-rank runs, so their cases share it."""
+    runs = {}
+
+    def run(*flags: str):
+        if flags not in runs:
+            out = tmp_path_factory.mktemp("frozen-alone")
+            run_ranks(["tests.workers.session_ranks", out, STEPS, *flags], None)
+            runs[flags] = _shards(out, 1)[0]
+        return runs[flags]
+    return run
+
+
 def _merged(shards: list, table: str) -> dict:
     """The shards' states of ``table`` as one, sorted by key."""
     keys = np.concatenate([s[f"{table}/keys"] for s in shards])
@@ -110,8 +125,8 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
     ("disk", (), "all"), ("device-tier", (), "all")],
     ids=["disk", "device-tier", "device-tier-modify-graph", "disk-all-bound",
          "device-tier-all-bound"])
-def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, rows, flags,
-                                                                      frozen):
+def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(frozen_alone, tmp_path,
+                                                                      rows, flags, frozen):
     """Table a is looked up with is_grad=False and no update trains it (with frozen "all",
     neither table is, though both were created with a sparse optimizer, so that the batch
     sends no gradient to the owners at all). Its tiered shards claimed each batch's fast
@@ -119,13 +134,10 @@ def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(tmp_path, 
     the fourth step (before this was mended). Its claims are now an evaluation's, unpinned
     at the release: two ranks train as one process with host rows does, and a's rows stay
     as they were initialised."""
-    alone, ranks = tmp_path / "alone", tmp_path / "ranks"
-    for d in (alone, ranks):
-        d.mkdir()
-    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--frozen", frozen, *flags], None)
-    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--frozen", frozen, "--rows", rows,
-               *flags], 2)
-    one, two = _shards(alone, 1)[0], _shards(ranks, 2)
+    one = frozen_alone("--frozen", frozen, *flags)
+    run_ranks(["tests.workers.session_ranks", tmp_path, STEPS, "--frozen", frozen, "--rows",
+               rows, *flags], 2)
+    two = _shards(tmp_path, 2)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
     b = _merged(two, "b")
