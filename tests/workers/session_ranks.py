@@ -104,12 +104,16 @@ def main(out_dir: str, steps: int, save_at: int, save_to: str, restore: str,
         addresses = tf.compat.v1.get_collection("ASCEND_SPARSE_LOOKUP_ID_OFFSET")
     grads = tf.gradients(loss, dense + sparse)
     dense_grads = [collectives.all_reduce(g, "sum") for g in grads[:len(dense)]]
-    sparse_step = None if not sparse else (lazy_adam_by_addr.create_hash_optimizer_by_address(0.05).apply_gradients(
-        zip(grads[len(dense):], addresses)) if rows == "expanding" else
-        lazy_adam.create_hash_optimizer(0.05).apply_gradients(zip(grads[len(dense):], sparse)))
+    sparse_grads, sparse_steps = grads[len(dense):], []
+    if rows == "expanding":
+        sparse_steps.append(lazy_adam_by_addr.create_hash_optimizer_by_address(
+            0.05).apply_gradients(zip(sparse_grads, addresses)))
+    elif sparse:   # none with --frozen all: only the dense layer trains
+        sparse_steps.append(lazy_adam.create_hash_optimizer(0.05).apply_gradients(
+            zip(sparse_grads, sparse)))
     train = tf.group(
         tf.compat.v1.train.AdamOptimizer(0.02).apply_gradients(zip(dense_grads, dense)),
-        *([sparse_step] if sparse else []))
+        *sparse_steps)
     global_loss = collectives.all_reduce(loss, "sum")
     saver = sf.Saver()
     if modify_graph:
