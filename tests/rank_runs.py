@@ -23,3 +23,41 @@ def run_ranks(args: list, ranks: int | None, timeout: float = 300.0, check: bool
     if check:
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done
+
+
+def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0,
+                 **extra_env) -> dict:
+    """Runs the programs ``runs`` (``tests.workers.sequence``'s runs) one after another in one
+    process (``ranks`` None) or in each of ``ranks`` ranks: a test's cases pay for one
+    process start, not one each. Writes the spec in ``spec_dir``.
+
+    Returns:
+      label -> ``"ok"``, or the failed run's traceback (with the end of the process's
+      output); runs after a failure over ranks (never run) map to that failure.
+    """
+    import json
+
+    spec = os.path.join(str(spec_dir), "sequence.json")
+    with open(spec, "w") as f:
+        json.dump([dict(run, cwd=str(run.get("cwd", spec_dir))) for run in runs], f)
+    done = run_ranks(["tests.workers.sequence", spec], ranks, timeout=timeout, check=False,
+                     **extra_env)
+    statuses = {}
+    for rank in range(ranks or 1):
+        try:
+            with open(f"{spec}.rank{rank}.json") as f:
+                statuses[rank] = json.load(f)
+        except FileNotFoundError:
+            statuses[rank] = {}
+    tail = f"\n--- the sequence's output ---\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result, failure = {}, None
+    for run in runs:
+        label = run["label"]
+        found = [s[label] for s in statuses.values() if label in s]
+        bad = [s for s in found if s != "ok"]
+        if bad or len(found) < len(statuses):
+            failure = failure or ((bad[0] if bad else f"{label} did not run") + tail)
+            result[label] = failure
+        else:
+            result[label] = "ok"
+    return result

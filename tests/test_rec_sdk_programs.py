@@ -10,18 +10,21 @@ access threshold, a ``set_threshold`` applies from the batch processed after it 
 installs no EvictHook, so, as in Rec SDK, no eviction runs and sizes never shrink.
 
 Nine training runs combine the switches so that every value of every switch appears at least
-once; three of them are followed by a predict run (a second process) that restores the last
-checkpoint and must reproduce the training run's last evaluation.
+once; three of them are followed by a predict run (in another process than the training's)
+that restores the last checkpoint and must reproduce the training run's last evaluation. The
+nine training runs run one after another in one process, as do the three predict runs
+(``tests/workers/sequence.py``: TensorFlow's import, most of a run's time, is paid twice
+instead of twelve times); the first of each runs in a fresh process.
 """
 
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from tests.rank_runs import run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo")
@@ -79,15 +82,20 @@ def _generator():
     return _demo_module("random_data_generator")
 
 
-def run_demo(cwd, mode, switches):
-    """Runs main.py with the switches in ``cwd``; returns its results.json (dict)."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode,
-               **dict(DEFAULTS, **switches))
-    done = subprocess.run([sys.executable, os.path.join(DEMO, "main.py")], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (f"USE_MODE={mode} {switches} exited {done.returncode}:\n"
-                                  f"{done.stderr[-4000:]}")
-    with open(os.path.join(cwd, "results.json")) as f:
+def demo_run(label, cwd, mode, switches, results_as="results.json"):
+    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (its
+    results.json kept as ``results_as``)."""
+    env = dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode, **dict(DEFAULTS, **switches))
+    return {"label": label, "path": os.path.join(DEMO, "main.py"), "env": env,
+            "cwd": str(cwd), "rename": {"results.json": results_as}}
+
+
+def read_results(cwd, statuses, label, results_as="results.json"):
+    """The results a run of :func:`demo_run` wrote in ``cwd``; fails the test with the
+    run's traceback when it failed."""
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    with open(os.path.join(cwd, results_as)) as f:
         return json.load(f)
 
 
@@ -165,9 +173,25 @@ def check_table_sizes(results, table):
                        f"threshold change: {reference_sizes(results, table, STEPS).tolist()}")
 
 
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """Every mode's training run (one process), then the predict runs (a second one):
+    mode -> (its directory, label -> status)."""
+    cwds = {name: tmp_path_factory.mktemp(name) for name, _, _ in MODES}
+    statuses = run_sequence([demo_run(f"train {name}", cwds[name], "train", switches,
+                                      "train-results.json") for name, switches, _ in MODES],
+                            None, tmp_path_factory.mktemp("train"))
+    statuses.update(run_sequence([demo_run(f"predict {name}", cwds[name], "predict", switches)
+                                  for name, switches, predict in MODES if predict],
+                                 None, tmp_path_factory.mktemp("predict")))
+    return cwds, statuses
+
+
 @pytest.mark.parametrize("name,switches,predict", MODES, ids=[m[0] for m in MODES])
-def test_little_demo_mode(tmp_path, name, switches, predict):
-    results = run_demo(tmp_path, "train", switches)
+def test_little_demo_mode(demo_runs, name, switches, predict):
+    cwds, statuses = demo_runs
+    tmp_path = cwds[name]
+    results = read_results(tmp_path, statuses, f"train {name}", "train-results.json")
 
     losses = np.array(results["train_loss"])
     assert losses.shape == (STEPS, 2)
@@ -195,7 +219,7 @@ def test_little_demo_mode(tmp_path, name, switches, predict):
         check_table_sizes(results, table)
 
     if predict:
-        predicted = run_demo(tmp_path, "predict", switches)
+        predicted = read_results(tmp_path, statuses, f"predict {name}")
         assert predicted["restored"] == 40
         assert predicted["train_loss"] == []
         assert len(predicted["eval_loss"]) == 1
