@@ -14,9 +14,12 @@ the schedule gives; an evaluation of each checkpoint but the first, over ``eval_
 with a finite loss; after training, every distinct key of the training batches owning a row
 (with admission on: the keys whose count reached the threshold, recomputed here in numpy);
 evaluation and prediction adding no key (their tables hold what the checkpoint they restored
-holds). A predict run (a second process) must read the evaluation stream, yield one batch per
-generated batch and reproduce the last evaluation's losses; the exported SavedModel, loaded by
-plain TensorFlow in a process without sparseflow, must predict what ``predict`` predicted.
+holds). A predict run (in another process than the training's) must read the evaluation
+stream, yield one batch per generated batch and reproduce the last evaluation's losses; the
+exported SavedModel, loaded by plain TensorFlow in a process without sparseflow, must predict
+what ``predict`` predicted. The seven training runs run one after another in one process, the
+three predict runs in a second (``tests/workers/sequence.py``), each program in a directory of
+its own; the first of each runs in a fresh process.
 """
 
 import importlib.util
@@ -28,6 +31,8 @@ import textwrap
 
 import numpy as np
 import pytest
+
+from tests.rank_runs import run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo_estimator")
@@ -71,18 +76,23 @@ def _demo_module(name):
 GENERATOR = _demo_module("random_data_generator")   # numpy only
 
 
-def run_program(cwd, mode, switches, args=(), mode_variable="RUN_MODE"):
-    """Runs main.py in ``cwd`` with the switches; returns its results.json (dict)."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+def program_run(label, cwd, mode, switches, args=(), mode_variable="RUN_MODE",
+                results_as="results.json"):
+    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (its
+    results.json kept as ``results_as``)."""
+    env = dict(TF_CPP_MIN_LOG_LEVEL="3", RUN_MODE=None, USE_MODE=None,
                **dict(DEFAULTS, **switches))
-    env.pop("RUN_MODE", None)
-    env.pop("USE_MODE", None)
     env[mode_variable] = mode
-    done = subprocess.run([sys.executable, os.path.join(DEMO, "main.py"), *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (f"{mode_variable}={mode} {switches} {list(args)} exited "
-                                  f"{done.returncode}:\n{done.stderr[-4000:]}")
-    with open(os.path.join(cwd, "results.json")) as f:
+    return {"label": label, "path": os.path.join(DEMO, "main.py"), "argv": list(args),
+            "env": env, "cwd": str(cwd), "rename": {"results.json": results_as}}
+
+
+def read_results(cwd, statuses, label, results_as="results.json"):
+    """The results a run of :func:`program_run` wrote in ``cwd``; fails the test with the
+    run's traceback when it failed."""
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    with open(os.path.join(cwd, results_as)) as f:
         return json.load(f)
 
 
@@ -256,22 +266,42 @@ def check_saved_model(export_dir, predictions, eval_batches, tmp_path):
         np.testing.assert_allclose(served[task], predictions[task], rtol=1e-5, atol=1e-6)
 
 
+def _mode_variable(mode):
+    # run.sh exports USE_MODE; the demo's config reads RUN_MODE: the program takes either.
+    return "USE_MODE" if mode == "train_and_evaluate" else "RUN_MODE"
+
+
+@pytest.fixture(scope="module")
+def program_runs(tmp_path_factory):
+    """Every case's training run (one process), then the predict runs (a second one): case
+    -> (its directory, label -> status). As in the demo, a run with USE_EXPORT_SAVED_MODEL=1
+    deletes the model first, whatever its mode: predict without it."""
+    cwds = {case[0]: tmp_path_factory.mktemp(case[0]) for case in CASES}
+    statuses = run_sequence(
+        [program_run(f"train {name}", cwds[name], mode, switches, args, _mode_variable(mode),
+                     "train-results.json") for name, mode, switches, args, _ in CASES],
+        None, tmp_path_factory.mktemp("train"))
+    statuses.update(run_sequence(
+        [program_run(f"predict {name}", cwds[name], "predict",
+                     dict(switches, USE_EXPORT_SAVED_MODEL="0"),
+                     ["--max_data_generate_steps", str(batches)])
+         for name, _, switches, _, batches in CASES if batches is not None],
+        None, tmp_path_factory.mktemp("predict")))
+    return cwds, statuses
+
+
 @pytest.mark.parametrize("name,mode,switches,args,predict_batches", CASES,
                          ids=[case[0] for case in CASES])
-def test_little_demo_estimator(tmp_path, name, mode, switches, args, predict_batches):
-    # run.sh exports USE_MODE; the demo's config reads RUN_MODE: the program takes either.
-    mode_variable = "USE_MODE" if mode == "train_and_evaluate" else "RUN_MODE"
-    trained = run_program(tmp_path, mode, switches, args, mode_variable)
+def test_little_demo_estimator(program_runs, name, mode, switches, args, predict_batches):
+    cwds, statuses = program_runs
+    tmp_path = cwds[name]
+    trained = read_results(tmp_path, statuses, f"train {name}", "train-results.json")
     assert trained["mode"] == mode
     check_training(trained, tmp_path, mode, switches, args)
     if predict_batches is None:
         return
 
-    # As in the demo, a run with USE_EXPORT_SAVED_MODEL=1 deletes the model first, whatever
-    # its mode: predict without it.
-    predict_switches = dict(switches, USE_EXPORT_SAVED_MODEL="0")
-    predicted = run_program(tmp_path, "predict", predict_switches,
-                            ["--max_data_generate_steps", str(predict_batches)])
+    predicted = read_results(tmp_path, statuses, f"predict {name}")
     predictions, eval_batches = check_prediction(trained, predicted, tmp_path, predict_batches)
     if switches.get("USE_EXPORT_SAVED_MODEL") == "1":
         check_saved_model(trained["export_dir"], predictions, eval_batches, tmp_path)

@@ -1,6 +1,8 @@
 """Programs in the shapes of Rec SDK's four model examples (examples/{dlrm,DCNv2,mmoe,WideDeep}/
 main_mxrec.py): their mx_rec calls in their order, on generated Criteo-like TFRecords, run
-unchanged as subprocesses. Each must exit 0 and its training loss must fall.
+unchanged, one after another in one subprocess (``tests/workers/sequence.py``: each with its
+own environment, directory and modules; the first in a fresh process). Each must exit 0 and
+its training loss must fall.
 
 Non-mx_rec modules the examples import, which our programs leave out: Ascend's TF adapter
 (``from npu_bridge.npu_init import *``, for ``npu_plugin.set_device_sat_mode``,
@@ -14,12 +16,12 @@ example.
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from tests.rank_runs import run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "rec_sdk_programs")
@@ -77,20 +79,6 @@ def write_criteo_like(path, labels, fields, dense, dense_dtype, batch_size, seed
     return train
 
 
-def run_program(name, tmp_path, switches):
-    """Writes the data, runs the program with the switches in ``tmp_path``; returns its
-    results.json (dict) and the training ids and dense values."""
-    ids, dense = write_criteo_like(str(tmp_path / "data"), **FORMATS[name])
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
-               DATA_PATH=str(tmp_path / "data"), **switches)
-    done = subprocess.run([sys.executable, os.path.join(PROGRAMS, name, "main.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (f"{name} {switches} exited {done.returncode}:\n"
-                                  f"{done.stderr[-4000:]}")
-    with open(tmp_path / "results.json") as f:
-        return json.load(f), ids, dense
-
-
 def admitted_keys(keys, lookups, threshold):
     """Keys that own a row once every training batch went through Rec SDK's admission: all
     of them with admission off (threshold None), else those whose count (occurrences times
@@ -112,15 +100,37 @@ RUNS = [
 ]
 
 
-@pytest.mark.parametrize("name,switches", RUNS,
-                         ids=[f"{n}-" + "-".join(f"{k}={v}" for k, v in s.items())
-                              for n, s in RUNS])
-def test_model_program_trains(tmp_path, name, switches):
+IDS = [f"{n}-" + "-".join(f"{k}={v}" for k, v in s.items()) for n, s in RUNS]
+
+
+@pytest.fixture(scope="module")
+def program_runs(tmp_path_factory):
+    """Writes each run's data and runs the programs in one process: id -> (its results.json
+    as a dict, the training ids, the dense values)."""
+    runs, data = [], {}
+    for label, (name, switches) in zip(IDS, RUNS):
+        cwd = tmp_path_factory.mktemp(name)
+        data[label] = (cwd, *write_criteo_like(str(cwd / "data"), **FORMATS[name]))
+        runs.append({"label": label, "path": os.path.join(PROGRAMS, name, "main.py"),
+                     "cwd": str(cwd), "env": dict(TF_CPP_MIN_LOG_LEVEL="3",
+                                                  DATA_PATH=str(cwd / "data"), **switches)})
+    statuses = run_sequence(runs, None, tmp_path_factory.mktemp("sequence"))
+    return statuses, data
+
+
+@pytest.mark.parametrize("label,name,switches", [(i, *r) for i, r in zip(IDS, RUNS)],
+                         ids=IDS)
+def test_model_program_trains(program_runs, label, name, switches):
     """Exit 0, the training loss falls, both evaluations ran, and each table holds the keys
     Rec SDK's admission gives on the training data (every key without FAAE; with FAAE, count
     >= 3; the EvictHook's 120 s timer cannot find a key 180 s older than the newest batch in
     a run this short)."""
-    results, ids, dense = run_program(name, tmp_path, switches)
+    statuses, data = program_runs
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    cwd, ids, dense = data[label]
+    with open(cwd / "results.json") as f:
+        results = json.load(f)
     losses = np.array(results["train_loss"])
     assert losses.shape == (TRAIN_STEPS,)
     assert losses[-10:].mean() < losses[:10].mean(), losses

@@ -5,39 +5,52 @@ unchanged under ``sparseflow launch -n 2`` (as Rec SDK's run.sh runs it under
 The demo shards its batches by rank (``dataset.shard(rank_size, rank_id)`` on batches), so
 global step i trains batches 2i and 2i+1 of the generated stream, one per rank. Its dense
 gradients are all-reduced with ``hccl_ops.allreduce(grad, "sum")``.
+
+Each group of runs of one program (the little demo's training runs, its predict runs, the
+estimator program's runs, the model programs) runs one after another in one launch of two
+ranks (``tests/workers/sequence.py``: each run with its own environment, directory and
+modules; the first in fresh processes), so that the ranks pay for TensorFlow's import once
+a group instead of once a run.
 """
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.rank_runs import run_sequence
+
 from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, EVAL_STEPS, FEATURE,
-                                         NEW_THRESHOLD, ROOT, STEPS, THRESHOLD_STEP, _generator,
+                                         NEW_THRESHOLD, STEPS, THRESHOLD_STEP, _generator,
                                          admitted_sizes)
 
 RANKS = 2
 
 
-def run_demo_ranks(cwd, mode, switches):
-    """Runs main.py on RANKS ranks in ``cwd``; returns each rank's results (list of dict)."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode,
-               **dict(DEFAULTS, **switches))
-    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", str(RANKS),
-                           "--grace", "5", os.path.join(DEMO, "main.py")], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, (f"USE_MODE={mode} {switches} exited {done.returncode}:\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+def demo_run(label, cwd, mode, switches):
+    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (each
+    rank's results-{rank}.json kept as {mode}-results-{rank}.json)."""
+    env = dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode, **dict(DEFAULTS, **switches))
+    return {"label": label, "path": os.path.join(DEMO, "main.py"), "env": env,
+            "cwd": str(cwd), "rename": {"results-{rank}.json": mode + "-results-{rank}.json"}}
+
+
+def read_demo_results(cwd, statuses, label, mode):
+    """Each rank's results (list of dict) of a :func:`demo_run`; fails the test with the
+    run's traceback when it failed."""
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
     results = []
     for rank in range(RANKS):
-        with open(os.path.join(cwd, f"results-{rank}.json")) as f:
+        with open(os.path.join(cwd, f"{mode}-results-{rank}.json")) as f:
             results.append(json.load(f))
     return results
+
+
+def check_ok(statuses, label):
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
 
 
 def merged_reference_sizes(results, table, switch_step):
@@ -72,11 +85,33 @@ MODES = {"ddr-featurespec-timestamp": {"CACHE_MODE": "DDR", "USE_TIMESTAMP": "1"
                                           "APPLY_GRADIENTS_STRATEGY": "direct_apply"}}
 
 
-@pytest.fixture(scope="module", params=list(MODES))
-def trained(request, tmp_path_factory):
-    cwd = tmp_path_factory.mktemp(request.param)
-    switches = MODES[request.param]
-    return cwd, switches, run_demo_ranks(cwd, "train", switches)
+ONE_SHOT_MODES = {"modifygraph-static": {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1",
+                                         "USE_ONE_SHOT": "1", "USE_MULTI_LOOKUP": "0"},
+                  "featurespec-multi3": {"USE_ONE_SHOT": "1", "MULTI_LOOKUP_TIMES": "3"}}
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """Every mode's training run and the one-shot runs (one launch of two ranks), then every
+    mode's predict run (a second launch): (directories by label, label -> status)."""
+    cwds = {f"train {m}": tmp_path_factory.mktemp(m) for m in MODES}
+    cwds.update({f"one-shot {m}": tmp_path_factory.mktemp(f"one-shot-{m}")
+                 for m in ONE_SHOT_MODES})
+    statuses = run_sequence(
+        [demo_run(f"train {m}", cwds[f"train {m}"], "train", s) for m, s in MODES.items()]
+        + [demo_run(f"one-shot {m}", cwds[f"one-shot {m}"], "train", s)
+           for m, s in ONE_SHOT_MODES.items()], RANKS, tmp_path_factory.mktemp("train"))
+    statuses.update(run_sequence(
+        [demo_run(f"predict {m}", cwds[f"train {m}"], "predict", s) for m, s in MODES.items()],
+        RANKS, tmp_path_factory.mktemp("predict")))
+    return cwds, statuses
+
+
+@pytest.fixture(params=list(MODES))
+def trained(request, demo_runs):
+    cwds, statuses = demo_runs
+    cwd = cwds[f"train {request.param}"]
+    return cwd, statuses, read_demo_results(cwd, statuses, f"train {request.param}", "train")
 
 
 def test_the_ranks_train_one_model_whose_loss_falls(trained):
@@ -103,30 +138,28 @@ def test_the_shards_together_hold_the_keys_admitted_over_both_ranks_batches(trai
         assert 0.3 * total[-1] < r["table_size"][table][-1] < 0.7 * total[-1]
 
 
-def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained):
-    cwd, switches, ranks = trained
+def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained, request):
+    cwd, statuses, ranks = trained
     for rank in range(RANKS):
         for step in (20, 40):
             assert os.path.isdir(cwd / "saved-model" / f"sparse-model-{rank}-{step}")
-    predicted = run_demo_ranks(cwd, "predict", switches)
+    mode = request.node.callspec.params["trained"]
+    predicted = read_demo_results(cwd, statuses, f"predict {mode}", "predict")
     for before, after in zip(ranks, predicted):
         assert after["restored"] == 40 and after["train_loss"] == []
         np.testing.assert_allclose(after["eval_loss"][0], before["eval_loss"][-1], rtol=1e-5)
 
 
-ONE_SHOT_MODES = {"modifygraph-static": {"USE_DYNAMIC": "0", "USE_MODIFY_GRAPH": "1",
-                                         "USE_ONE_SHOT": "1", "USE_MULTI_LOOKUP": "0"},
-                  "featurespec-multi3": {"USE_ONE_SHOT": "1", "MULTI_LOOKUP_TIMES": "3"}}
-
-
 @pytest.mark.parametrize("mode", list(ONE_SHOT_MODES))
-def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(tmp_path,
+def test_one_shot_evaluation_ends_its_data_on_every_rank_and_training_goes_on(demo_runs,
                                                                                mode):
     """USE_ONE_SHOT=1: the second evaluation's one-shot iterator is spent, so its first step
     ends the data (OutOfRangeError) on both ranks inside a step holding collectives; the
     save after it, and the training after that, go on (the next collective step once failed
     on TensorFlow's reused step id: tests/test_session_ranks.py)."""
-    ranks = run_demo_ranks(tmp_path, "train", ONE_SHOT_MODES[mode])
+    cwds, statuses = demo_runs
+    label = f"one-shot {mode}"
+    ranks = read_demo_results(cwds[label], statuses, label, "train")
     for results in ranks:
         assert [len(losses) for losses in results["eval_loss"]] == [EVAL_STEPS, 0]
         assert results["saved"] == [20, 40]
@@ -145,26 +178,34 @@ ESTIMATOR_MODES = {"featurespec": {"USE_MODIFY_GRAPH": "0"},
                                              "USE_MULTI_LOOKUP": "0"}}
 
 
+@pytest.fixture(scope="module")
+def estimator_runs(tmp_path_factory):
+    """Every estimator mode's train_and_evaluate run, in one launch of two ranks: (their
+    directories by mode, label -> status)."""
+    from tests.test_rec_sdk_estimator_program import DEFAULTS as EST_DEFAULTS, DEMO as EST_DEMO
+
+    cwds = {mode: tmp_path_factory.mktemp(f"estimator-{mode}") for mode in ESTIMATOR_MODES}
+    runs = [{"label": mode, "path": os.path.join(EST_DEMO, "main.py"), "cwd": str(cwds[mode]),
+             "env": dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE="train_and_evaluate", RUN_MODE=None,
+                         **dict(EST_DEFAULTS, **switches))}
+            for mode, switches in ESTIMATOR_MODES.items()]
+    return cwds, run_sequence(runs, RANKS, tmp_path_factory.mktemp("estimator"))
+
+
 @pytest.mark.parametrize("mode", list(ESTIMATOR_MODES))
-def test_little_demo_estimator_trains_one_model_over_two_ranks(tmp_path, mode):
+def test_little_demo_estimator_trains_one_model_over_two_ranks(estimator_runs, mode):
     """Our program in the shape of Rec SDK's little_demo_estimator, text unchanged, under
     `sparseflow launch -n 2` (train_and_evaluate, one model_dir for both ranks): the loss
     falls, both ranks save at every schedule step and evaluate each checkpoint, and at the
     end the two shards together hold exactly the keys admitted over both ranks' batches,
     each key in its owner's shard."""
     from sparseflow.checkpoint.saver import read_shard_states
-    from tests.test_rec_sdk_estimator_program import (DATA_STEPS, DEFAULTS as EST_DEFAULTS,
-                                                      DEMO as EST_DEMO, EVAL_STEPS, MAX_STEPS,
+    from tests.test_rec_sdk_estimator_program import (DATA_STEPS, EVAL_STEPS, MAX_STEPS,
                                                       TRAIN_STEPS, reference_sizes, stream)
 
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
-               USE_MODE="train_and_evaluate", **dict(EST_DEFAULTS, **ESTIMATOR_MODES[mode]))
-    for name in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE", "RUN_MODE"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", str(RANKS),
-                           "--grace", "5", os.path.join(EST_DEMO, "main.py")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cwds, statuses = estimator_runs
+    check_ok(statuses, mode)
+    tmp_path = cwds[mode]
     with open(tmp_path / "results.json") as f:   # the rank that finished last
         results = json.load(f)
     (train,) = results["train"]
@@ -193,23 +234,35 @@ def test_little_demo_estimator_trains_one_model_over_two_ranks(tmp_path, mode):
         assert sum(len(shard[table].keys) for shard in shards) == size, table
 
 
-@pytest.mark.parametrize("name", ["dlrm", "dcnv2", "mmoe", "wide_deep"])
-def test_model_programs_train_one_model_over_two_ranks(tmp_path, name):
+MODEL_PROGRAMS = ["dlrm", "dcnv2", "mmoe", "wide_deep"]
+
+
+@pytest.fixture(scope="module")
+def model_runs(tmp_path_factory):
+    """Writes each program's data and runs the four programs in one launch of two ranks:
+    (name -> (directory, training ids, dense values), label -> status)."""
+    from tests.test_rec_sdk_model_programs import FORMATS, PROGRAMS, write_criteo_like
+
+    data, runs = {}, []
+    for name in MODEL_PROGRAMS:
+        cwd = tmp_path_factory.mktemp(f"model-{name}")
+        data[name] = (cwd, *write_criteo_like(str(cwd / "data"), **FORMATS[name]))
+        runs.append({"label": name, "path": os.path.join(PROGRAMS, name, "main.py"),
+                     "cwd": str(cwd), "env": dict(TF_CPP_MIN_LOG_LEVEL="3", CACHE_MODE="HBM",
+                                                  DATA_PATH=str(cwd / "data"))})
+    return data, run_sequence(runs, RANKS, tmp_path_factory.mktemp("models"))
+
+
+@pytest.mark.parametrize("name", MODEL_PROGRAMS)
+def test_model_programs_train_one_model_over_two_ranks(model_runs, name):
     """Our dlrm, DCNv2, MMoE and Wide&Deep programs (Rec SDK's examples' shape) run unchanged
     under `sparseflow launch -n 2` in HBM mode: the loss falls and each rank's table holds
     about half of the keys admitted over the data (its shard), not all of them."""
-    from tests.test_rec_sdk_model_programs import (FORMATS, PROGRAMS, TRAIN_STEPS,
-                                                   admitted_keys, write_criteo_like)
+    from tests.test_rec_sdk_model_programs import TRAIN_STEPS, admitted_keys
 
-    ids, dense = write_criteo_like(str(tmp_path / "data"), **FORMATS[name])
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CACHE_MODE="HBM",
-               DATA_PATH=str(tmp_path / "data"))
-    for variable in ("TF_CONFIG", "SPARSEFLOW_RANK", "SPARSEFLOW_WORLD_SIZE"):
-        env.pop(variable, None)
-    done = subprocess.run([sys.executable, "-m", "sparseflow", "launch", "-n", str(RANKS),
-                           "--grace", "5", os.path.join(PROGRAMS, name, "main.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data, statuses = model_runs
+    check_ok(statuses, name)
+    tmp_path, ids, dense = data[name]
     with open(tmp_path / "results.json") as f:   # the rank that finished last
         results = json.load(f)
     losses = np.array(results["train_loss"])

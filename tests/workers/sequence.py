@@ -7,7 +7,8 @@ under ``sparseflow launch``), so that the cases of one test pay for TensorFlow's
 SPEC: a JSON list of runs, each ``{"label": str, "module": "tests.workers.x" | "path":
 "/.../main.py", "argv": [...], "env": {NAME: value or null}, "cwd": dir, "rename": {FILE:
 NEW}}`` (``rename``: files of ``cwd`` moved after the run, so that the next program in the
-same directory does not overwrite what the test reads). Each run gets
+same directory does not overwrite what the test reads; ``{rank}`` in a name is this
+process's rank). Each run gets
 what a process of its own would give the program: its argv, its environment (null: unset),
 its working directory, a fresh default graph, ``__name__ == "__main__"``; a script's
 directory first on ``sys.path``, and the modules it imported from that directory dropped
@@ -35,7 +36,7 @@ import sparseflow as sf  # noqa: E402
 from sparseflow.distributed import ranks  # noqa: E402
 
 
-def run_one(run: dict) -> None:
+def run_one(run: dict, rank: int = 0) -> None:
     """Runs one program of the sequence as described in the module docstring; raises what
     the program raised (a ``SystemExit`` with status 0 or None is a normal end)."""
     env = {name: os.environ.get(name) for name in run.get("env", {})}
@@ -59,7 +60,7 @@ def run_one(run: dict) -> None:
             if end.code not in (None, 0):
                 raise
         for name, new in run.get("rename", {}).items():
-            os.replace(name, new)
+            os.replace(name.format(rank=rank), new.format(rank=rank))
     finally:
         sf.terminate_config_initializer()
         for name, value in env.items():
@@ -89,7 +90,7 @@ def main(spec_path: str) -> int:
     status = {}
     for run in runs:
         try:
-            run_one(run)
+            run_one(run, found.rank)
             status[run["label"]] = "ok"
         except BaseException:   # noqa: BLE001 - reported per run, below
             status[run["label"]] = traceback.format_exc()
