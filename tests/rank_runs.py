@@ -39,7 +39,8 @@ def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0
 
     spec = os.path.join(str(spec_dir), "sequence.json")
     with open(spec, "w") as f:
-        json.dump([dict(run, cwd=str(run.get("cwd", spec_dir))) for run in runs], f)
+        json.dump([dict(run, cwd=str(run.get("cwd", spec_dir)),
+                        argv=[str(a) for a in run.get("argv", [])]) for run in runs], f)
     done = run_ranks(["tests.workers.sequence", spec], ranks, timeout=timeout, check=False,
                      **extra_env)
     statuses = {}

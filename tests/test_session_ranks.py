@@ -1,7 +1,10 @@
 """The Session API (and mx_rec) on several ranks: one model over tables sharded by key.
 
 Each test launches real processes with ``sparseflow launch`` on loopback and compares them
-with one process on the same global batches (the reference), or with numpy.
+with one process on the same global batches (the reference), or with numpy. The cases of a
+parametrized test run one after another in one launch (``tests/workers/sequence.py``: each
+its own graph, arguments and sparseflow session; the first in fresh processes), so that the
+ranks pay for TensorFlow's import once a test instead of once a case.
 """
 
 import json
@@ -12,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.rank_runs import ROOT, run_ranks
+from tests.rank_runs import ROOT, run_ranks, run_sequence
 
 
 def _shards(directory, n: int) -> list:
@@ -34,19 +37,55 @@ def one_and_two_ranks(tmp_path_factory):
     return first, second, one, two
 
 
-@pytest.fixture(scope="module")
-def frozen_alone(tmp_path_factory):
-    """The one-process reference for ``--frozen`` with the given flags, run once per module:
-    the tiers only change the two-rank runs, so their cases share it."""
-    runs = {}
+def _worker_runs(tmp_path_factory, cases: dict, ranks: int | None) -> dict:
+    """Runs ``tests.workers.session_ranks`` for STEPS steps with each case's flags (label ->
+    flags), one case after another in one launch: label -> each rank's shard (list of npz),
+    or the test fails with the case's traceback when it is asked for a case that failed."""
+    outs = {label: tmp_path_factory.mktemp("case") for label in cases}
+    statuses = run_sequence([{"label": label, "module": "tests.workers.session_ranks",
+                              "argv": [outs[label], STEPS, *flags]}
+                             for label, flags in cases.items()], ranks,
+                            tmp_path_factory.mktemp("sequence"))
 
-    def run(*flags: str):
-        if flags not in runs:
-            out = tmp_path_factory.mktemp("frozen-alone")
-            run_ranks(["tests.workers.session_ranks", out, STEPS, *flags], None)
-            runs[flags] = _shards(out, 1)[0]
-        return runs[flags]
-    return run
+    def shards(label):
+        if statuses[label] != "ok":
+            pytest.fail(f"{label} failed:\n{statuses[label]}")
+        return _shards(outs[label], ranks or 1)
+    return shards
+
+
+SHARD_CASES = {"disk": ("--rows", "disk"), "expanding": ("--rows", "expanding"),
+               "expanding-modify-graph": ("--rows", "expanding", "--modify-graph"),
+               "device": ("--rows", "device"),
+               "device-modify-graph": ("--rows", "device", "--modify-graph"),
+               "device-over-host-tier": ("--rows", "device-tier"),
+               "modify-graph": ("--modify-graph",)}
+FROZEN_CASES = {"disk": ("--frozen", "a", "--rows", "disk"),
+                "device-tier": ("--frozen", "a", "--rows", "device-tier"),
+                "device-tier-modify-graph": ("--frozen", "a", "--rows", "device-tier",
+                                             "--modify-graph"),
+                "disk-all-bound": ("--frozen", "all", "--rows", "disk"),
+                "device-tier-all-bound": ("--frozen", "all", "--rows", "device-tier")}
+
+
+@pytest.fixture(scope="module")
+def shard_runs(tmp_path_factory):
+    """Two ranks run every SHARD_CASES case (one launch)."""
+    return _worker_runs(tmp_path_factory, SHARD_CASES, 2)
+
+
+@pytest.fixture(scope="module")
+def frozen_runs(tmp_path_factory):
+    """Two ranks run every FROZEN_CASES case (one launch), and one process the references
+    with host rows (the tiers only change the two-rank runs, so cases share them): (the
+    two-rank shards by case, the reference by its flags)."""
+    flags = {case: tuple(f for f in FROZEN_CASES[case] if f not in ("--rows", "disk",
+                                                                       "device-tier"))
+             for case in FROZEN_CASES}
+    references = {" ".join(f): f for f in flags.values()}
+    two = _worker_runs(tmp_path_factory, FROZEN_CASES, 2)
+    one = _worker_runs(tmp_path_factory, references, None)
+    return two, lambda case: one(" ".join(flags[case]))[0]
 
 
 def _merged(shards: list, table: str) -> dict:
@@ -88,13 +127,9 @@ def test_every_key_lives_in_its_owners_shard_with_one_ranks_row_slots_and_counts
         assert int(shard[f"{table}/steps"]) == int(one[f"{table}/steps"])
 
 
-@pytest.mark.parametrize("rows, flags", [("disk", ()), ("expanding", ()),
-                                         ("expanding", ("--modify-graph",)), ("device", ()),
-                                         ("device", ("--modify-graph",)), ("device-tier", ())],
-                         ids=["disk", "expanding", "expanding-modify-graph", "device",
-                              "device-modify-graph", "device-over-host-tier"])
+@pytest.mark.parametrize("case", [c for c in SHARD_CASES if c != "modify-graph"])
 def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_ranks,
-                                                                   tmp_path, rows, flags):
+                                                                   shard_runs, case):
     """Table a's shards keep 120 rows in memory over a disk tier (rows move between them
     every step), every table grows (dynamic expansion, trained by a by-address optimizer,
     in FeatureSpec mode and through automatic graph modification), every table keeps its
@@ -102,9 +137,8 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
     a keeps 120 device slots over host homes (Rec SDK's DDR mode on a GPU): two ranks still
     train exactly as one process with plain host rows."""
     one = one_and_two_ranks[0]
-    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--rows", rows,
-               *flags], 2)
-    two = _shards(tmp_path, 2)
+    rows = SHARD_CASES[case][1]
+    two = shard_runs(case)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
     for table in ("a", "b"):
@@ -120,13 +154,8 @@ def test_shards_over_a_disk_tier_or_growing_train_like_one_process(one_and_two_r
                                            else "device")
 
 
-@pytest.mark.parametrize("rows, flags, frozen", [
-    ("disk", (), "a"), ("device-tier", (), "a"), ("device-tier", ("--modify-graph",), "a"),
-    ("disk", (), "all"), ("device-tier", (), "all")],
-    ids=["disk", "device-tier", "device-tier-modify-graph", "disk-all-bound",
-         "device-tier-all-bound"])
-def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(frozen_alone, tmp_path,
-                                                                      rows, flags, frozen):
+@pytest.mark.parametrize("case", list(FROZEN_CASES))
+def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(frozen_runs, case):
     """Table a is looked up with is_grad=False and no update trains it (with frozen "all",
     neither table is, though both were created with a sparse optimizer, so that the batch
     sends no gradient to the owners at all). Its tiered shards claimed each batch's fast
@@ -134,10 +163,7 @@ def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(frozen_alo
     the fourth step (before this was mended). Its claims are now an evaluation's, unpinned
     at the release: two ranks train as one process with host rows does, and a's rows stay
     as they were initialised."""
-    one = frozen_alone("--frozen", frozen, *flags)
-    run_ranks(["tests.workers.session_ranks", tmp_path, STEPS, "--frozen", frozen, "--rows",
-               rows, *flags], 2)
-    two = _shards(tmp_path, 2)
+    two, one = frozen_runs[0](case), frozen_runs[1](case)
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
     b = _merged(two, "b")
@@ -204,12 +230,11 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ran
 
 
 def test_graph_modification_on_two_ranks_trains_what_feature_specs_train_on_one(
-        one_and_two_ranks, tmp_path):
+        one_and_two_ranks, shard_runs):
     """The same model through automatic graph modification (raw-id lookups, thresholds per
     lookup, the timestamp from ASCEND_TIMESTAMP) on two ranks."""
     one = one_and_two_ranks[0]
-    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--modify-graph"], 2)
-    two = _shards(tmp_path, 2)
+    two = shard_runs("modify-graph")
     for shard in two:
         np.testing.assert_allclose(shard["losses"], one["losses"], rtol=0, atol=1e-5)
     for table in ("a", "b"):
