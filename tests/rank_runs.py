@@ -29,14 +29,16 @@ def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0
                  **extra_env) -> dict:
     """Runs the programs ``runs`` (``tests.workers.sequence``'s runs) one after another in one
     process (``ranks`` None) or in each of ``ranks`` ranks: a test's cases pay for one
-    process start, not one each. Writes the spec in ``spec_dir``.
+    process start, not one each. Writes the spec in ``spec_dir`` (made if missing).
 
     Returns:
-      label -> ``"ok"``, or the failed run's traceback (with the end of the process's
-      output); runs after a failure over ranks (never run) map to that failure.
+      label -> ``"ok"``, or the failed run's traceback; a run that never ran (after a
+      failure over ranks, or a crash) maps to the first failure and the end of the
+      process's output.
     """
     import json
 
+    os.makedirs(spec_dir, exist_ok=True)
     spec = os.path.join(str(spec_dir), "sequence.json")
     with open(spec, "w") as f:
         json.dump([dict(run, cwd=str(run.get("cwd", spec_dir)),
@@ -55,10 +57,13 @@ def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0
     for run in runs:
         label = run["label"]
         found = [s[label] for s in statuses.values() if label in s]
-        bad = [s for s in found if s != "ok"]
-        if bad or len(found) < len(statuses):
-            failure = failure or ((bad[0] if bad else f"{label} did not run") + tail)
-            result[label] = failure
+        bad = [f"rank {r}: {s[label]}" if ranks else s[label]
+               for r, s in statuses.items() if s.get(label, "ok") != "ok"]
+        if bad:   # every rank's own error: the first may be a peer's lost collective
+            result[label] = "\n".join(bad)
+            failure = failure or result[label]
+        elif len(found) < len(statuses):   # after a failure over ranks, or a crash
+            result[label] = f"{label} did not run; the first failure:\n{failure or ''}{tail}"
         else:
             result[label] = "ok"
     return result

@@ -1,15 +1,25 @@
 """sparseflow.tf2.Embedding and the Keras layers on several ranks under
 tf.distribute.MultiWorkerMirroredStrategy: one model over tables sharded by key, equal to one
-process on the same global batches (tests/workers/tf2_ranks.py)."""
+process on the same global batches (tests/workers/tf2_ranks.py).
+
+The one-process runs of the three faces of one kind (saving; refused and resumed restores)
+run one after another in one process (``tests/workers/sequence.py``; the first in a fresh
+one): a TF2 run is ~5 s of start-up and tracing before its first step. The two-rank runs
+each have a launch of their own: ``MultiWorkerMirroredStrategy`` numbers its collectives
+from the same instance keys in every strategy, so two strategies in one process confuse
+TensorFlow's collective executor ("Collective instance 100 expected type 0 ... but got type
+1").
+"""
 
 import os
 
 import numpy as np
 import pytest
 
-from tests.rank_runs import run_ranks
+from tests.rank_runs import run_ranks, run_sequence
 
 STEPS = 12
+FACES = {(): "embedding", ("--keras",): "keras-layer", ("--keras-group",): "keras-group"}
 
 
 def _run(out_dir, ranks: int | None, *flags) -> list:
@@ -18,16 +28,41 @@ def _run(out_dir, ranks: int | None, *flags) -> list:
     return [np.load(os.path.join(out_dir, f"rank{r}.npz")) for r in range(ranks or 1)]
 
 
+def _one_process_runs(tmp_path_factory, cases: dict) -> dict:
+    """Runs the worker alone for STEPS steps with each case's arguments (label -> (out_dir,
+    *args)), one after another in one process: label -> "ok" or its traceback."""
+    runs = []
+    for label, (out, *args) in cases.items():
+        os.makedirs(out, exist_ok=True)
+        runs.append({"label": label, "module": "tests.workers.tf2_ranks",
+                     "argv": [out, STEPS, *args]})
+    return run_sequence(runs, None, tmp_path_factory.mktemp("sequence"))
+
+
+def _results(out_dir, statuses, label) -> list:
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    return [np.load(os.path.join(out_dir, "rank0.npz"))]
+
+
 @pytest.fixture(scope="module")
 def saving_run(tmp_path_factory):
     """``saving_run(ranks, flags)``: (its directory, its ranks' results) of the worker run
     with ``flags`` on ``ranks`` (None: one process), every rank saving after step 6 to
-    ``DIR/ckpt-rank{r}``; run once per module. A launch costs ~10 s of start-up and tracing,
-    and the tests of a face compare against the same runs (saving does not change
-    training: the restores below train on exactly)."""
+    ``DIR/ckpt-rank{r}``; run once per module (the one-process runs of every face together,
+    at the first call). A launch costs ~10 s of start-up and tracing, and the tests of a face
+    compare against the same runs (saving does not change training: the restores below
+    train on exactly)."""
     runs = {}
 
     def get(ranks, flags):
+        if ranks is None and (None, flags) not in runs:
+            outs = {face: tmp_path_factory.mktemp("saving") for face in FACES}
+            statuses = _one_process_runs(tmp_path_factory, {
+                FACES[face]: (outs[face], *face, "--save-at", "6", "--save-to",
+                              outs[face] / "ckpt") for face in FACES})
+            for face in FACES:
+                runs[None, face] = outs[face], _results(outs[face], statuses, FACES[face])
         if (ranks, flags) not in runs:
             out = tmp_path_factory.mktemp("saving")
             runs[ranks, flags] = out, _run(out, ranks, *flags, "--save-at", "6", "--save-to",
@@ -72,9 +107,43 @@ def test_two_ranks_under_multi_worker_mirrored_strategy_train_like_one(saving_ru
         np.sort(np.concatenate([shard["a/counted"] for shard in two])), one["a/counted"])
 
 
+@pytest.fixture(scope="module")
+def restored_alone(tmp_path_factory, saving_run):
+    """For every face, one process restores rank 1's shard of the two ranks' checkpoint of
+    step 6 (refused), then the two shards merged (``merge_checkpoint_shards``,
+    ``merge_weight_shards``): the six runs in one process. Returns (directories by face,
+    label -> status)."""
+    import shutil
+
+    from sparseflow.keras import merge_weight_shards
+    from sparseflow.tf2 import merge_checkpoint_shards
+
+    dirs, cases = {}, {}
+    for flags, face in FACES.items():
+        dirs[face] = tmp_path_factory.mktemp(f"restored-{face}")
+        sharded, _ = saving_run(2, flags)
+        cases[f"refused {face}"] = (dirs[face] / "refused", *flags, "--restore",
+                                    sharded / "ckpt-rank1", "--start", "6")
+        merged = dirs[face] / "merged" / "ckpt"
+        shards = [sharded / "ckpt-rank1", sharded / "ckpt-rank0"]   # any order
+        if flags == ("--keras-group",):   # the checkpoint holds the head only: rank 0's
+            merged.parent.mkdir()
+            for path in sharded.glob("ckpt-rank0.*"):
+                shutil.copy(path, f"{merged}{path.name[len('ckpt-rank0'):]}")
+        else:
+            assert merge_checkpoint_shards(shards, merged) == str(merged)
+        if flags:
+            merge_weight_shards([f"{p}-layer.weights.h5" for p in shards],
+                                f"{merged}-layer.weights.h5")
+        cases[f"resumed {face}"] = (dirs[face] / "resumed", *flags, "--restore", merged,
+                                    "--start", "6")
+    return dirs, _one_process_runs(tmp_path_factory, cases)
+
+
 @pytest.mark.parametrize("flags", [(), ("--keras",), ("--keras-group",)],
                          ids=["embedding", "keras-layer", "keras-group"])
-def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, saving_run, flags):
+def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, saving_run,
+                                                            restored_alone, flags):
     """One process saves after step 6; two ranks restore it (each keeping the keys it owns)
     and train on exactly as the process did. Two ranks save after step 6: one rank's shard
     restored by one process is refused, naming both worlds, rather than read as the whole
@@ -91,30 +160,15 @@ def test_checkpoints_move_between_one_process_and_two_ranks(tmp_path, saving_run
         np.testing.assert_array_equal(merged[order], one[f"{table}/keys"])
         ours = np.concatenate([shard[f"{table}/weights"] for shard in two])[order]
         np.testing.assert_allclose(ours, one[f"{table}/weights"], rtol=0, atol=1e-5)
-    sharded, _ = saving_run(2, flags)
-    done = run_ranks(["tests.workers.tf2_ranks", tmp_path / "refused", STEPS, *flags,
-                      "--restore", sharded / "ckpt-rank1", "--start", "6"], None, check=False)
-    assert done.returncode != 0
+    dirs, statuses = restored_alone
+    face = FACES[flags]
+    refused = statuses[f"refused {face}"]
+    assert refused != "ok"
     source = {(): "the checkpoint of Embedding `sparseflow_embedding`",
               ("--keras",): "the saved layer `b`",
               ("--keras-group",): "the saved layer `ab`"}[flags]
-    assert (f"{source} is rank 1's shard of 2 ranks; this is rank 0 of 1") in done.stderr
-
-    from sparseflow.tf2 import merge_checkpoint_shards
-    merged = tmp_path / "merged" / "ckpt"
-    shards = [sharded / "ckpt-rank1", sharded / "ckpt-rank0"]   # any order
-    if flags == ("--keras-group",):   # the checkpoint holds the head only: rank 0's
-        import shutil
-        merged.parent.mkdir()
-        for path in sharded.glob("ckpt-rank0.*"):
-            shutil.copy(path, f"{merged}{path.name[len('ckpt-rank0'):]}")
-    else:
-        assert merge_checkpoint_shards(shards, merged) == str(merged)
-    if flags:
-        from sparseflow.keras import merge_weight_shards
-        merge_weight_shards([f"{p}-layer.weights.h5" for p in shards],
-                            f"{merged}-layer.weights.h5")
-    (resumed,) = _run(tmp_path / "resumed", None, *flags, "--restore", merged, "--start", "6")
+    assert f"{source} is rank 1's shard of 2 ranks; this is rank 0 of 1" in refused, refused
+    (resumed,) = _results(dirs[face] / "resumed", statuses, f"resumed {face}")
     np.testing.assert_allclose(resumed["losses"], one["losses"][6:], rtol=0, atol=1e-5)
     for table in ("a", "b"):
         np.testing.assert_array_equal(resumed[f"{table}/keys"], one[f"{table}/keys"])
