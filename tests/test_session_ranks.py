@@ -179,22 +179,31 @@ def test_a_frozen_tiered_shard_pins_no_batch_and_stays_as_initialised(frozen_run
     assert all(len(shard["a/keys"]) > 120 for shard in two)   # more keys than fast slots
 
 
+@pytest.fixture(scope="module")
+def restore_runs(tmp_path_factory, one_and_two_ranks):
+    """The restores from SAVE_AT: two ranks resume the one process's checkpoint, save with
+    device rows and resume that (one launch); one process resumes the two ranks' checkpoint
+    and the device rows' one (one process). Returns the runs' shards by label."""
+    _, _, one_dir, two_dir = one_and_two_ranks
+    saved = tmp_path_factory.mktemp("device-rows") / "model"
+    prefix = f"{saved}-0-{SAVE_AT}"
+    resume = ("--start", SAVE_AT, "--restore")
+    two = _worker_runs(tmp_path_factory, {
+        "1->2": (*resume, one_dir / f"model-0-{SAVE_AT}"),
+        "device save": ("--rows", "device", "--save-at", SAVE_AT, "--save-to", saved),
+        "device resume": ("--rows", "device", *resume, prefix)}, 2)
+    one = _worker_runs(tmp_path_factory, {"2->1": (*resume, two_dir / f"model-0-{SAVE_AT}"),
+                                          "device resume alone": (*resume, prefix)}, None)
+    return lambda label: one(label) if label in ("2->1", "device resume alone") else two(label)
+
+
 def test_device_row_shards_save_and_resume_on_two_ranks_and_in_one_process(
-        one_and_two_ranks, tmp_path):
+        one_and_two_ranks, restore_runs):
     """Shards in TF variables saved after step 6 resume exactly, on 2 ranks with device rows
     and in one process with host rows (the checkpoint holds rows by key)."""
     one = one_and_two_ranks[0]
-    saved, ranks, alone = tmp_path / "saved", tmp_path / "ranks", tmp_path / "alone"
-    for d in (saved, ranks, alone):
-        d.mkdir()
-    run_ranks(["tests.workers.session_ranks", saved, STEPS, "--rows", "device", "--save-at",
-               SAVE_AT, "--save-to", saved / "model"], 2)
-    prefix = saved / f"model-0-{SAVE_AT}"
-    run_ranks(["tests.workers.session_ranks", ranks, STEPS, "--rows", "device", "--restore",
-               prefix, "--start", SAVE_AT], 2)
-    run_ranks(["tests.workers.session_ranks", alone, STEPS, "--restore", prefix, "--start",
-               SAVE_AT], None)
-    for shard in _shards(ranks, 2) + _shards(alone, 1):
+    restore_runs("device save")   # it ran
+    for shard in restore_runs("device resume") + restore_runs("device resume alone"):
         np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
                                    atol=1e-5)
 
@@ -206,18 +215,12 @@ def test_table_a_admits_keys_on_the_counts_of_every_rank(one_and_two_ranks):
 
 
 @pytest.mark.parametrize("direction", ["1->2", "2->1"])
-def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ranks, tmp_path,
-                                                                 direction):
+def test_a_checkpoint_resumes_on_another_number_of_ranks_exactly(one_and_two_ranks,
+                                                                 restore_runs, direction):
     """Restored from SAVE_AT on the other number of ranks, the rest of the training loses
     and ends as the uninterrupted one-process run."""
-    one, _, one_dir, two_dir = one_and_two_ranks
-    if direction == "1->2":
-        source, ranks = one_dir / f"model-0-{SAVE_AT}", 2
-    else:
-        source, ranks = two_dir / f"model-0-{SAVE_AT}", None
-    run_ranks(["tests.workers.session_ranks", str(tmp_path), str(STEPS), "--restore", str(source),
-          "--start", str(SAVE_AT)], ranks)
-    resumed = _shards(tmp_path, ranks or 1)
+    one = one_and_two_ranks[0]
+    resumed = restore_runs(direction)
     for shard in resumed:
         np.testing.assert_allclose(shard["losses"], one["losses"][SAVE_AT:], rtol=0,
                                    atol=1e-5)
