@@ -1,8 +1,11 @@
 """Running a test program as one process or as N ranks under ``sparseflow launch``."""
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,26 +28,29 @@ def run_ranks(args: list, ranks: int | None, timeout: float = 300.0, check: bool
     return done
 
 
-def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0,
+def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float | None = None,
                  **extra_env) -> dict:
     """Runs the programs ``runs`` (``tests.workers.sequence``'s runs) one after another in one
     process (``ranks`` None) or in each of ``ranks`` ranks: a test's cases pay for one
     process start, not one each. Writes the spec in ``spec_dir`` (made if missing).
+    ``timeout``: for the whole sequence; default 300 s a run.
 
     Returns:
-      label -> ``"ok"``, or the failed run's traceback; a run that never ran (after a
-      failure over ranks, or a crash) maps to the first failure and the end of the
-      process's output.
-    """
-    import json
+      label -> ``"ok"``, or the failed run's traceback (every failed rank's); a run that
+      never ran (after a failure over ranks, or a crash), or every run when the process
+      exited with an error though no run failed, maps to a message saying so with the end
+      of the process's output. See :func:`require_ok`.
 
+    Raises:
+      subprocess.TimeoutExpired: the sequence ran past ``timeout``.
+    """
     os.makedirs(spec_dir, exist_ok=True)
     spec = os.path.join(str(spec_dir), "sequence.json")
     with open(spec, "w") as f:
         json.dump([dict(run, cwd=str(run.get("cwd", spec_dir)),
                         argv=[str(a) for a in run.get("argv", [])]) for run in runs], f)
-    done = run_ranks(["tests.workers.sequence", spec], ranks, timeout=timeout, check=False,
-                     **extra_env)
+    done = run_ranks(["tests.workers.sequence", spec], ranks, check=False,
+                     timeout=timeout or 300.0 * len(runs), **extra_env)
     statuses = {}
     for rank in range(ranks or 1):
         try:
@@ -63,7 +69,18 @@ def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float = 600.0
             result[label] = "\n".join(bad)
             failure = failure or result[label]
         elif len(found) < len(statuses):   # after a failure over ranks, or a crash
-            result[label] = f"{label} did not run; the first failure:\n{failure or ''}{tail}"
+            result[label] = (f"DID NOT RUN: {label}; the first failure:\n{failure or ''}"
+                             f"{tail}")
         else:
             result[label] = "ok"
+    if done.returncode != 0 and all(v == "ok" for v in result.values()):   # at its exit
+        result = {label: f"EXITED {done.returncode} after the runs: {label}{tail}"
+                  for label in result}
     return result
+
+
+def require_ok(statuses: dict, label: str) -> None:
+    """Fails the calling test with run ``label``'s error unless :func:`run_sequence` reported
+    it ``"ok"``."""
+    if statuses[label] != "ok":
+        pytest.fail(f"{label} failed:\n{statuses[label]}")

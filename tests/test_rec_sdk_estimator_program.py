@@ -32,7 +32,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.rank_runs import run_sequence
+from tests.rank_runs import require_ok, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo_estimator")
@@ -90,8 +90,7 @@ def program_run(label, cwd, mode, switches, args=(), mode_variable="RUN_MODE",
 def read_results(cwd, statuses, label, results_as="results.json"):
     """The results a run of :func:`program_run` wrote in ``cwd``; fails the test with the
     run's traceback when it failed."""
-    if statuses[label] != "ok":
-        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    require_ok(statuses, label)
     with open(os.path.join(cwd, results_as)) as f:
         return json.load(f)
 

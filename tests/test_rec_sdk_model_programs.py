@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.rank_runs import run_sequence
+from tests.rank_runs import require_ok, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "rec_sdk_programs")
@@ -126,8 +126,7 @@ def test_model_program_trains(program_runs, label, name, switches):
     >= 3; the EvictHook's 120 s timer cannot find a key 180 s older than the newest batch in
     a run this short)."""
     statuses, data = program_runs
-    if statuses[label] != "ok":
-        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    require_ok(statuses, label)
     cwd, ids, dense = data[label]
     with open(cwd / "results.json") as f:
         results = json.load(f)

@@ -24,7 +24,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.rank_runs import run_sequence
+from tests.rank_runs import require_ok, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo")
@@ -93,8 +93,7 @@ def demo_run(label, cwd, mode, switches, results_as="results.json"):
 def read_results(cwd, statuses, label, results_as="results.json"):
     """The results a run of :func:`demo_run` wrote in ``cwd``; fails the test with the
     run's traceback when it failed."""
-    if statuses[label] != "ok":
-        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    require_ok(statuses, label)
     with open(os.path.join(cwd, results_as)) as f:
         return json.load(f)
 

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.rank_runs import run_sequence
+from tests.rank_runs import require_ok, run_sequence
 
 from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, EVAL_STEPS, FEATURE,
                                          NEW_THRESHOLD, STEPS, THRESHOLD_STEP, _generator,
@@ -39,18 +39,12 @@ def demo_run(label, cwd, mode, switches):
 def read_demo_results(cwd, statuses, label, mode):
     """Each rank's results (list of dict) of a :func:`demo_run`; fails the test with the
     run's traceback when it failed."""
-    if statuses[label] != "ok":
-        pytest.fail(f"{label} failed:\n{statuses[label]}")
+    require_ok(statuses, label)
     results = []
     for rank in range(RANKS):
         with open(os.path.join(cwd, f"{mode}-results-{rank}.json")) as f:
             results.append(json.load(f))
     return results
-
-
-def check_ok(statuses, label):
-    if statuses[label] != "ok":
-        pytest.fail(f"{label} failed:\n{statuses[label]}")
 
 
 def merged_reference_sizes(results, table, switch_step):
@@ -111,11 +105,12 @@ def demo_runs(tmp_path_factory):
 def trained(request, demo_runs):
     cwds, statuses = demo_runs
     cwd = cwds[f"train {request.param}"]
-    return cwd, statuses, read_demo_results(cwd, statuses, f"train {request.param}", "train")
+    return (cwd, statuses, read_demo_results(cwd, statuses, f"train {request.param}", "train"),
+            request.param)
 
 
 def test_the_ranks_train_one_model_whose_loss_falls(trained):
-    _, _, (first, second) = trained
+    _, _, (first, second), _ = trained
     # The losses are each rank's own batch's; the dense variables, all-reduced, stay one.
     for results in (first, second):
         losses = np.array(results["train_loss"])
@@ -127,7 +122,7 @@ def test_the_ranks_train_one_model_whose_loss_falls(trained):
 
 @pytest.mark.parametrize("table", ["user_table", "item_table"])
 def test_the_shards_together_hold_the_keys_admitted_over_both_ranks_batches(trained, table):
-    _, _, ranks = trained
+    _, _, ranks, _ = trained
     total = np.sum([np.array(r["table_size"][table]) for r in ranks], axis=0)
     # set_threshold ran on every rank at step THRESHOLD_STEP; the owners admit in the
     # step, so the next step is the first under the new threshold.
@@ -138,12 +133,11 @@ def test_the_shards_together_hold_the_keys_admitted_over_both_ranks_batches(trai
         assert 0.3 * total[-1] < r["table_size"][table][-1] < 0.7 * total[-1]
 
 
-def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained, request):
-    cwd, statuses, ranks = trained
+def test_each_rank_saves_its_shard_and_predict_restores_every_shard(trained):
+    cwd, statuses, ranks, mode = trained
     for rank in range(RANKS):
         for step in (20, 40):
             assert os.path.isdir(cwd / "saved-model" / f"sparse-model-{rank}-{step}")
-    mode = request.node.callspec.params["trained"]
     predicted = read_demo_results(cwd, statuses, f"predict {mode}", "predict")
     for before, after in zip(ranks, predicted):
         assert after["restored"] == 40 and after["train_loss"] == []
@@ -204,7 +198,7 @@ def test_little_demo_estimator_trains_one_model_over_two_ranks(estimator_runs, m
                                                       TRAIN_STEPS, reference_sizes, stream)
 
     cwds, statuses = estimator_runs
-    check_ok(statuses, mode)
+    require_ok(statuses, mode)
     tmp_path = cwds[mode]
     with open(tmp_path / "results.json") as f:   # the rank that finished last
         results = json.load(f)
@@ -261,7 +255,7 @@ def test_model_programs_train_one_model_over_two_ranks(model_runs, name):
     from tests.test_rec_sdk_model_programs import TRAIN_STEPS, admitted_keys
 
     data, statuses = model_runs
-    check_ok(statuses, name)
+    require_ok(statuses, name)
     tmp_path, ids, dense = data[name]
     with open(tmp_path / "results.json") as f:   # the rank that finished last
         results = json.load(f)

@@ -43,3 +43,32 @@ def test_each_run_sees_its_own_argv_env_directory_and_modules_and_fails_alone(tm
     # run three: its own helper.py, the first run's SEEN gone again, UNSET unset.
     assert three == {"argv": ["three", "1"], "helper": "three", "seen": None, "unset": None}
     assert not (tmp_path / "program-two" / "two.json").exists()
+
+
+def test_over_ranks_a_run_starts_once_every_rank_ended_the_one_before(tmp_path):
+    """Rank 1 ends its first run 4 s later than rank 0; rank 0's second run still
+    finds both ranks' files of the first ({rank} in the renames: each its own)."""
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("import os, time\n"
+                     "rank = int(os.environ['SPARSEFLOW_RANK'])\n"
+                     "time.sleep(4 * rank)\n"
+                     "open('out.txt', 'w').write(str(rank))\n")
+    second.write_text("import os\n"
+                      "assert sorted(open(f'first-{r}.txt').read() for r in (0, 1)) == "
+                      "['0', '1'], os.listdir()\n")
+    statuses = run_sequence([{"label": "first", "path": str(first),
+                              "rename": {"out.txt": "first-{rank}.txt"}},
+                             {"label": "second", "path": str(second)}], 2, tmp_path)
+    assert statuses == {"first": "ok", "second": "ok"}
+
+
+def test_a_run_that_ends_the_process_fails_itself_and_every_run_after_it(tmp_path):
+    crash, fine = tmp_path / "crash.py", tmp_path / "fine.py"
+    crash.write_text("import os\nos._exit(3)\n")
+    fine.write_text("x = 1\n")
+    statuses = run_sequence([{"label": "fine", "path": str(fine)},
+                             {"label": "crash", "path": str(crash)},
+                             {"label": "after", "path": str(fine)}], None, tmp_path)
+    assert statuses["fine"] == "ok"
+    assert statuses["crash"].startswith("DID NOT RUN: crash")
+    assert statuses["after"].startswith("DID NOT RUN: after")

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.rank_runs import ROOT, run_ranks, run_sequence
+from tests.rank_runs import ROOT, require_ok, run_ranks, run_sequence
 
 
 def _shards(directory, n: int) -> list:
@@ -48,8 +48,7 @@ def _worker_runs(tmp_path_factory, cases: dict, ranks: int | None) -> dict:
                             tmp_path_factory.mktemp("sequence"))
 
     def shards(label):
-        if statuses[label] != "ok":
-            pytest.fail(f"{label} failed:\n{statuses[label]}")
+        require_ok(statuses, label)
         return _shards(outs[label], ranks or 1)
     return shards
 
