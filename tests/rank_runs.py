@@ -79,6 +79,14 @@ def run_sequence(runs: list, ranks: int | None, spec_dir, timeout: float | None 
     return result
 
 
+def read_json(statuses: dict, label: str, path) -> dict:
+    """The JSON file ``path`` that run ``label`` wrote; fails the calling test with the
+    run's error when :func:`run_sequence` did not report it ``"ok"``."""
+    require_ok(statuses, label)
+    with open(path) as f:
+        return json.load(f)
+
+
 def require_ok(statuses: dict, label: str) -> None:
     """Fails the calling test with run ``label``'s error unless :func:`run_sequence` reported
     it ``"ok"``."""

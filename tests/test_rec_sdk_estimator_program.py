@@ -23,7 +23,6 @@ its own; the first of each runs in a fresh process.
 """
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.rank_runs import require_ok, run_sequence
+from tests.rank_runs import read_json, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo_estimator")
@@ -76,23 +75,14 @@ def _demo_module(name):
 GENERATOR = _demo_module("random_data_generator")   # numpy only
 
 
-def program_run(label, cwd, mode, switches, args=(), mode_variable="RUN_MODE",
-                results_as="results.json"):
-    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (its
-    results.json kept as ``results_as``)."""
+def program_run(label, cwd, mode, switches, args=(), mode_variable="RUN_MODE", rename=None):
+    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence`
+    (``rename``: the files it wrote that are kept under another name)."""
     env = dict(TF_CPP_MIN_LOG_LEVEL="3", RUN_MODE=None, USE_MODE=None,
                **dict(DEFAULTS, **switches))
     env[mode_variable] = mode
     return {"label": label, "path": os.path.join(DEMO, "main.py"), "argv": list(args),
-            "env": env, "cwd": str(cwd), "rename": {"results.json": results_as}}
-
-
-def read_results(cwd, statuses, label, results_as="results.json"):
-    """The results a run of :func:`program_run` wrote in ``cwd``; fails the test with the
-    run's traceback when it failed."""
-    require_ok(statuses, label)
-    with open(os.path.join(cwd, results_as)) as f:
-        return json.load(f)
+            "env": env, "cwd": str(cwd), "rename": rename or {}}
 
 
 # --- what the tables must hold, in numpy ----------------------------------------------------
@@ -278,7 +268,8 @@ def program_runs(tmp_path_factory):
     cwds = {case[0]: tmp_path_factory.mktemp(case[0]) for case in CASES}
     statuses = run_sequence(
         [program_run(f"train {name}", cwds[name], mode, switches, args, _mode_variable(mode),
-                     "train-results.json") for name, mode, switches, args, _ in CASES],
+                     {"results.json": "train-results.json"})
+         for name, mode, switches, args, _ in CASES],
         None, tmp_path_factory.mktemp("train"))
     statuses.update(run_sequence(
         [program_run(f"predict {name}", cwds[name], "predict",
@@ -294,13 +285,13 @@ def program_runs(tmp_path_factory):
 def test_little_demo_estimator(program_runs, name, mode, switches, args, predict_batches):
     cwds, statuses = program_runs
     tmp_path = cwds[name]
-    trained = read_results(tmp_path, statuses, f"train {name}", "train-results.json")
+    trained = read_json(statuses, f"train {name}", tmp_path / "train-results.json")
     assert trained["mode"] == mode
     check_training(trained, tmp_path, mode, switches, args)
     if predict_batches is None:
         return
 
-    predicted = read_results(tmp_path, statuses, f"predict {name}")
+    predicted = read_json(statuses, f"predict {name}", tmp_path / "results.json")
     predictions, eval_batches = check_prediction(trained, predicted, tmp_path, predict_batches)
     if switches.get("USE_EXPORT_SAVED_MODEL") == "1":
         check_saved_model(trained["export_dir"], predictions, eval_batches, tmp_path)

@@ -14,14 +14,13 @@ sparseflow ships no npu_bridge and depends on none of the others; ``hccl_ops`` c
 example.
 """
 
-import json
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.rank_runs import require_ok, run_sequence
+from tests.rank_runs import read_json, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "rec_sdk_programs")
@@ -126,10 +125,8 @@ def test_model_program_trains(program_runs, label, name, switches):
     >= 3; the EvictHook's 120 s timer cannot find a key 180 s older than the newest batch in
     a run this short)."""
     statuses, data = program_runs
-    require_ok(statuses, label)
     cwd, ids, dense = data[label]
-    with open(cwd / "results.json") as f:
-        results = json.load(f)
+    results = read_json(statuses, label, cwd / "results.json")
     losses = np.array(results["train_loss"])
     assert losses.shape == (TRAIN_STEPS,)
     assert losses[-10:].mean() < losses[:10].mean(), losses

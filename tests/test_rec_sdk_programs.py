@@ -18,13 +18,12 @@ instead of twelve times); the first of each runs in a fresh process.
 """
 
 import importlib.util
-import json
 import os
 
 import numpy as np
 import pytest
 
-from tests.rank_runs import require_ok, run_sequence
+from tests.rank_runs import read_json, run_sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "tests", "rec_sdk_programs", "little_demo")
@@ -82,20 +81,12 @@ def _generator():
     return _demo_module("random_data_generator")
 
 
-def demo_run(label, cwd, mode, switches, results_as="results.json"):
-    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (its
-    results.json kept as ``results_as``)."""
+def demo_run(label, cwd, mode, switches, rename=None):
+    """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence`
+    (``rename``: the files it wrote that are kept under another name)."""
     env = dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode, **dict(DEFAULTS, **switches))
     return {"label": label, "path": os.path.join(DEMO, "main.py"), "env": env,
-            "cwd": str(cwd), "rename": {"results.json": results_as}}
-
-
-def read_results(cwd, statuses, label, results_as="results.json"):
-    """The results a run of :func:`demo_run` wrote in ``cwd``; fails the test with the
-    run's traceback when it failed."""
-    require_ok(statuses, label)
-    with open(os.path.join(cwd, results_as)) as f:
-        return json.load(f)
+            "cwd": str(cwd), "rename": rename or {}}
 
 
 # --- Rec SDK's admission semantics, in plain numpy ------------------------------------------
@@ -178,7 +169,8 @@ def demo_runs(tmp_path_factory):
     mode -> (its directory, label -> status)."""
     cwds = {name: tmp_path_factory.mktemp(name) for name, _, _ in MODES}
     statuses = run_sequence([demo_run(f"train {name}", cwds[name], "train", switches,
-                                      "train-results.json") for name, switches, _ in MODES],
+                                      {"results.json": "train-results.json"})
+                             for name, switches, _ in MODES],
                             None, tmp_path_factory.mktemp("train"))
     statuses.update(run_sequence([demo_run(f"predict {name}", cwds[name], "predict", switches)
                                   for name, switches, predict in MODES if predict],
@@ -190,7 +182,7 @@ def demo_runs(tmp_path_factory):
 def test_little_demo_mode(demo_runs, name, switches, predict):
     cwds, statuses = demo_runs
     tmp_path = cwds[name]
-    results = read_results(tmp_path, statuses, f"train {name}", "train-results.json")
+    results = read_json(statuses, f"train {name}", tmp_path / "train-results.json")
 
     losses = np.array(results["train_loss"])
     assert losses.shape == (STEPS, 2)
@@ -218,7 +210,7 @@ def test_little_demo_mode(demo_runs, name, switches, predict):
         check_table_sizes(results, table)
 
     if predict:
-        predicted = read_results(tmp_path, statuses, f"predict {name}")
+        predicted = read_json(statuses, f"predict {name}", tmp_path / "results.json")
         assert predicted["restored"] == 40
         assert predicted["train_loss"] == []
         assert len(predicted["eval_loss"]) == 1

@@ -13,17 +13,16 @@ modules; the first in fresh processes), so that the ranks pay for TensorFlow's i
 a group instead of once a run.
 """
 
-import json
 import os
 
 import numpy as np
 import pytest
 
-from tests.rank_runs import require_ok, run_sequence
+from tests.rank_runs import read_json, run_sequence
 
-from tests.test_rec_sdk_programs import (COEFFICIENT, DEFAULTS, DEMO, EVAL_STEPS, FEATURE,
-                                         NEW_THRESHOLD, STEPS, THRESHOLD_STEP, _generator,
-                                         admitted_sizes)
+from tests.test_rec_sdk_programs import (COEFFICIENT, EVAL_STEPS, FEATURE, NEW_THRESHOLD,
+                                         STEPS, THRESHOLD_STEP, _generator, admitted_sizes,
+                                         demo_run as one_process_demo_run)
 
 RANKS = 2
 
@@ -31,20 +30,15 @@ RANKS = 2
 def demo_run(label, cwd, mode, switches):
     """One run of main.py in ``cwd`` with the switches, for :func:`run_sequence` (each
     rank's results-{rank}.json kept as {mode}-results-{rank}.json)."""
-    env = dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE=mode, **dict(DEFAULTS, **switches))
-    return {"label": label, "path": os.path.join(DEMO, "main.py"), "env": env,
-            "cwd": str(cwd), "rename": {"results-{rank}.json": mode + "-results-{rank}.json"}}
+    return one_process_demo_run(label, cwd, mode, switches,
+                                {"results-{rank}.json": mode + "-results-{rank}.json"})
 
 
 def read_demo_results(cwd, statuses, label, mode):
     """Each rank's results (list of dict) of a :func:`demo_run`; fails the test with the
     run's traceback when it failed."""
-    require_ok(statuses, label)
-    results = []
-    for rank in range(RANKS):
-        with open(os.path.join(cwd, f"{mode}-results-{rank}.json")) as f:
-            results.append(json.load(f))
-    return results
+    return [read_json(statuses, label, os.path.join(cwd, f"{mode}-results-{rank}.json"))
+            for rank in range(RANKS)]
 
 
 def merged_reference_sizes(results, table, switch_step):
@@ -176,13 +170,11 @@ ESTIMATOR_MODES = {"featurespec": {"USE_MODIFY_GRAPH": "0"},
 def estimator_runs(tmp_path_factory):
     """Every estimator mode's train_and_evaluate run, in one launch of two ranks: (their
     directories by mode, label -> status)."""
-    from tests.test_rec_sdk_estimator_program import DEFAULTS as EST_DEFAULTS, DEMO as EST_DEMO
+    from tests.test_rec_sdk_estimator_program import program_run
 
     cwds = {mode: tmp_path_factory.mktemp(f"estimator-{mode}") for mode in ESTIMATOR_MODES}
-    runs = [{"label": mode, "path": os.path.join(EST_DEMO, "main.py"), "cwd": str(cwds[mode]),
-             "env": dict(TF_CPP_MIN_LOG_LEVEL="3", USE_MODE="train_and_evaluate", RUN_MODE=None,
-                         **dict(EST_DEFAULTS, **switches))}
-            for mode, switches in ESTIMATOR_MODES.items()]
+    runs = [program_run(mode, cwds[mode], "train_and_evaluate", switches,
+                        mode_variable="USE_MODE") for mode, switches in ESTIMATOR_MODES.items()]
     return cwds, run_sequence(runs, RANKS, tmp_path_factory.mktemp("estimator"))
 
 
@@ -198,10 +190,8 @@ def test_little_demo_estimator_trains_one_model_over_two_ranks(estimator_runs, m
                                                       TRAIN_STEPS, reference_sizes, stream)
 
     cwds, statuses = estimator_runs
-    require_ok(statuses, mode)
     tmp_path = cwds[mode]
-    with open(tmp_path / "results.json") as f:   # the rank that finished last
-        results = json.load(f)
+    results = read_json(statuses, mode, tmp_path / "results.json")   # the last rank's
     (train,) = results["train"]
     losses = np.array(train["loss"])
     assert losses.shape == (MAX_STEPS,) and np.all(np.isfinite(losses))
@@ -255,10 +245,8 @@ def test_model_programs_train_one_model_over_two_ranks(model_runs, name):
     from tests.test_rec_sdk_model_programs import TRAIN_STEPS, admitted_keys
 
     data, statuses = model_runs
-    require_ok(statuses, name)
     tmp_path, ids, dense = data[name]
-    with open(tmp_path / "results.json") as f:   # the rank that finished last
-        results = json.load(f)
+    results = read_json(statuses, name, tmp_path / "results.json")   # the last rank's
     losses = np.array(results["train_loss"])
     # Each rank reads its part of the data (dataset.shard by rank): half the steps.
     assert losses.shape == (TRAIN_STEPS // RANKS,)

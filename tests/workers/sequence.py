@@ -5,7 +5,7 @@ under ``sparseflow launch``), so that the cases of one test pay for TensorFlow's
     python -m tests.workers.sequence SPEC.json
 
 SPEC: a JSON list of runs, each ``{"label": str, "module": "tests.workers.x" | "path":
-"/.../main.py", "argv": [...], "env": {NAME: value or null}, "cwd": dir, "rename": {FILE:
+"/.../main.py", "argv": [str, ...], "env": {NAME: value or null}, "cwd": dir, "rename": {FILE:
 NEW}}`` (``rename``: files of ``cwd`` moved after the run, so that the next program in the
 same directory does not overwrite what the test reads; ``{rank}`` in a name is this
 process's rank). Each run gets
@@ -60,11 +60,11 @@ def run_one(run: dict, rank: int = 0) -> None:
         tf.compat.v1.reset_default_graph()
         try:
             if directory is None:
-                sys.argv = [run["module"], *map(str, run.get("argv", []))]
+                sys.argv = [run["module"], *run.get("argv", [])]
                 runpy.run_module(run["module"], run_name="__main__", alter_sys=True)
             else:
                 sys.path.insert(0, directory)
-                sys.argv = [run["path"], *map(str, run.get("argv", []))]
+                sys.argv = [run["path"], *run.get("argv", [])]
                 runpy.run_path(run["path"], run_name="__main__")
         except SystemExit as end:
             if end.code not in (None, 0):
